@@ -1,0 +1,159 @@
+"""Public entry points: `load_pair` and `generate`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .decoding import get_method
+from .engine import Session
+from .models.base import LanguageModel
+from .models.default import BF16_DRAFT_NAME, DEFAULT_NAMES, TARGET_NAME, load_default
+from .models.hf import HFModel
+from .warp import Sampling
+
+DEFAULT_DRAFT = BF16_DRAFT_NAME
+
+
+@dataclass
+class ModelPair:
+    target: LanguageModel
+    draft: LanguageModel | None
+    description: dict[str, str] = field(default_factory=dict)
+
+
+def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME) -> LanguageModel:
+    """A default model by name ("smollm2-135m-instruct", "smollm2-135m-instruct-bf16"), else a hub id or path."""
+    name = name or default
+    if name in DEFAULT_NAMES:
+        return load_default(name, device=device)
+    return HFModel.from_pretrained(name, device=device)
+
+
+def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None) -> ModelPair:
+    """The embedded default pair, or any target/draft given as hub ids or local paths.
+
+    With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
+    """
+    target_model = load_model(target, device)
+    if draft is None and target not in (None, TARGET_NAME):
+        draft_model = None
+    else:
+        draft_model = load_model(draft, device, default=DEFAULT_DRAFT)
+    if draft_model is not None:
+        check_compatible(target_model, draft_model)
+    describe = {m.name: DEFAULT_NAMES.get(m.name, m.name) for m in (target_model, draft_model) if m is not None}
+    return ModelPair(target_model, draft_model, describe)
+
+
+def check_compatible(target: LanguageModel, draft: LanguageModel) -> None:
+    if target.vocab_size != draft.vocab_size:
+        raise ValueError(
+            f"draft and target vocabularies differ: target {target.name!r} has {target.vocab_size} tokens, "
+            f"draft {draft.name!r} has {draft.vocab_size}; speculative methods need one shared tokenizer"
+        )
+    tt, dt = target.tokenizer, draft.tokenizer
+    if tt is not None and dt is not None and tt is not dt and tt.get_vocab() != dt.get_vocab():
+        raise ValueError(
+            f"draft and target tokenizers differ (target {target.name!r}: {len(tt)} tokens, "
+            f"draft {draft.name!r}: {len(dt)} tokens, same size but different token ids)"
+        )
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    text: str | None
+    stats: dict[str, Any]
+    prompt_ids: list[int]
+
+
+def generate(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    prompt: str | list[int],
+    method: str = "sd",
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    chat: bool = True,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    **method_params,
+) -> Result:
+    """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
+    tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output."""
+    spec = get_method(method)
+    params = spec.resolve(method_params)
+    sampling = Sampling(temperature, top_k, top_p)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if spec.needs_draft:
+        if draft is None:
+            raise ValueError(f"method {method!r} needs a draft model; none was given")
+        check_compatible(target, draft)
+    else:
+        draft = None
+    prompt_ids = _prompt_ids(target, prompt, chat)
+    room = target.max_length
+    if room is not None and len(prompt_ids) >= room:
+        raise ValueError(
+            f"the prompt has {len(prompt_ids)} tokens, which leaves no room in {target.name!r}'s context of {room}"
+        )
+    device = target.device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+
+    session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens)
+    t0 = time.perf_counter()
+    if not session.done:
+        spec.run(session, **params)
+    seconds = time.perf_counter() - t0
+    return Result(session.new_tokens, target.decode(session.new_tokens), _stats(session, seconds), prompt_ids)
+
+
+def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("the prompt is empty")
+        ids = target.encode(prompt, chat=chat)
+    else:
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise ValueError("the prompt must be a string or a list of token ids") from None
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary of {target.vocab_size} tokens")
+    if not ids:
+        raise ValueError("the prompt is empty after tokenisation")
+    return ids
+
+
+def _stats(s: Session, seconds: float) -> dict[str, Any]:
+    new = len(s.new_tokens)
+    c = s.counters
+    target_calls = s.target.calls
+    draft_calls = s.draft.calls if s.draft is not None else 0
+    forward = s.target.seconds + (s.draft.seconds if s.draft is not None else 0.0)
+    return {
+        "new_tokens": new,
+        "target_calls": target_calls,
+        "draft_calls": draft_calls,
+        "drafted": c["drafted"],
+        "accepted": c["accepted"],
+        "iterations": c["iterations"],
+        "seconds": seconds,  # prefill included
+        "tokens_per_second": new / seconds if seconds > 0 else 0.0,
+        "block_efficiency": new / target_calls if target_calls else 0.0,
+        "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
+        "forward_seconds": forward,
+        "stopped": s.stopped,
+    }

@@ -1,0 +1,171 @@
+"""Command line: a thin layer over the library. Errors in what the user gave exit with status 2 and a
+one-line message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .decoding import METHODS
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for item in pairs or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param takes KEY=VALUE, got {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def parse_method(text: str) -> tuple[str, dict[str, str]]:
+    """'sd:gamma=4,other=1' -> ('sd', {'gamma': '4', 'other': '1'})."""
+    name, _, rest = text.partition(":")
+    return name, parse_params([p for p in rest.split(",") if p]) if rest else {}
+
+
+def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--temperature", type=float, default=temperature, help="0 means greedy (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: off)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="multispec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with one method")
+    g.add_argument("prompt")
+    g.add_argument("--method", default="sd", help=f"one of {', '.join(sorted(METHODS))} (default sd); "
+                   "parameters may follow a colon: sd:gamma=6")
+    g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    _sampling_args(g, 1.0)
+    g.add_argument("--gamma", type=int, default=None, help="drafts per target call (sd)")
+    g.add_argument("--width", type=int, default=None, help="beam width (beam)")
+    g.add_argument("--deterministic", action="store_true", help="deterministic beam search (beam)")
+    g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="any method parameter")
+    g.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
+    g.add_argument("--device", default=None, help="torch device for both models (e.g. cuda)")
+    g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+
+    c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs")
+    c.add_argument("--method", default="sd", help="method name, parameters after a colon: sd:gamma=3")
+    c.add_argument("--runs", type=int, default=20000, help="generations per pair (default %(default)s)")
+    c.add_argument("--pairs", type=int, default=3, help="random Markov pairs (default %(default)s)")
+    c.add_argument("--vocab", type=int, default=4)
+    c.add_argument("--tokens", type=int, default=3, help="tokens generated per run")
+    c.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance level")
+    c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    _sampling_args(c, 1.0)
+    c.add_argument("--json", action="store_true")
+    return parser
+
+
+def cmd_generate(args) -> int:
+    from .api import ModelPair, generate, load_model, load_pair
+    from .models.default import DEFAULT_NAMES
+
+    name, params = parse_method(args.method)
+    params.update(parse_params(args.param))
+    for key in ("gamma", "width"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    if args.deterministic:
+        params["deterministic"] = True
+    method = METHODS.get(name)
+    if method is None:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    if method.needs_draft:
+        pair = load_pair(args.target, args.draft, device=args.device)
+    else:  # target-only methods: do not spend time loading a draft
+        target_only = load_model(args.target, args.device)
+        pair = ModelPair(target_only, None, {target_only.name: DEFAULT_NAMES.get(target_only.name, target_only.name)})
+    target = pair.target
+    shown: list[int] = []
+    printed = [""]
+
+    def stream(tokens: list[int]) -> None:
+        shown.extend(tokens)
+        text = target.decode(shown) or ""
+        if text.startswith(printed[0]):
+            sys.stdout.write(text[len(printed[0]) :])
+            sys.stdout.flush()
+            printed[0] = text
+
+    result = generate(
+        target, pair.draft, args.prompt, method=name, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        chat=not args.no_chat, on_tokens=None if args.json else stream, **params,
+    )
+    st = result.stats
+    if args.json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": st,
+                          "method": name, "models": pair.description}))
+        return 0
+    final = result.text or ""
+    if final != printed[0]:  # the stream could not be shown incrementally (e.g. beam)
+        sys.stdout.write(final[len(printed[0]) :] if final.startswith(printed[0]) else "\n" + final)
+    acc = f" · acceptance {st['acceptance_rate']:.2f}" if st["acceptance_rate"] is not None else ""
+    print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"
+          f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}"
+          f" · stopped: {st['stopped']}")
+    models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
+    print(f"[models] {models}", file=sys.stderr)
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .check import check_method
+
+    name, params = parse_method(args.method)
+    params.update(parse_params(args.param))
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    METHODS[name].resolve(params)  # reject bad parameters before the long run
+    report = check_method(
+        name, runs=args.runs, pairs=args.pairs, vocab=args.vocab, n_tokens=args.tokens, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
+        progress=not args.json and sys.stderr.isatty(), **params,
+    )
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        print(f"method {name} {params or ''}: {args.runs} runs x {args.pairs} random Markov pairs, "
+              f"V={args.vocab}, {args.tokens} tokens each, against the exact law of target sampling")
+        for p in report.pairs:
+            print(f"  pair seed {p.seed}: chi2 = {p.chi2:.2f} (dof {p.dof}), p-value = {p.p_value:.4g}, "
+                  f"TV(empirical, exact) = {p.tv:.4f}")
+        verdict = "PASS" if report.passed else "FAIL"
+        print(f"{verdict}: every p-value >= {args.alpha}/{args.pairs}" if report.passed
+              else f"{verdict}: some p-value < {args.alpha}/{args.pairs}")
+    return 0 if report.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "check":
+            return cmd_check(args)
+    except (ValueError, UsageError) as e:
+        print(f"multispec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nmultispec: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The methods: each a short module of propose -> score -> verify -> commit on the shared engine.
+
+A method is registered with its parameters (name -> (type, default, check, help)); `generate` and the
+CLI validate parameters from this table, so a new method needs no change elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ar, beam, sd
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type
+    default: Any
+    check: Callable[[Any], bool] = lambda v: True
+    rule: str = ""
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable
+    needs_draft: bool
+    exact: str
+    summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+    # internal keyword arguments (e.g. a verifier for tests); not exposed to the CLI
+    hidden: tuple[str, ...] = ()
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Defaults filled in, types and ranges checked; ValueError naming the parameter otherwise."""
+        out = {}
+        for key, value in given.items():
+            if key in self.hidden:
+                out[key] = value
+                continue
+            if key not in self.params:
+                known = ", ".join(self.params) or "none"
+                raise ValueError(f"method {self.name!r} has no parameter {key!r} (its parameters: {known})")
+            spec = self.params[key]
+            value = coerce(key, value, spec.type)
+            if not spec.check(value):
+                raise ValueError(f"{key} must be {spec.rule}, got {value!r}")
+            out[key] = value
+        for key, spec in self.params.items():
+            out.setdefault(key, spec.default)
+        return out
+
+
+def coerce(key: str, value: Any, kind: type) -> Any:
+    """Parameters may arrive as strings from the CLI ("gamma=4"): convert, or name what is wrong."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    return value
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+register(Method("ar", ar.decode, needs_draft=False, exact="reference",
+                summary="target-only sampling (greedy at temperature 0)"))
+register(Method("beam", beam.decode, needs_draft=False, exact="reference",
+                summary="target-only beam sampling, or deterministic beam search",
+                params={"width": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "beam width W"),
+                        "deterministic": Param(bool, False, rule="true or false",
+                                               help="keep the W best extensions instead of sampling")}))
+register(Method("sd", sd.decode, needs_draft=True, exact="equals ar in distribution",
+                summary="speculative sampling with a chain of gamma drafts",
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call")},
+                hidden=("verify",)))

@@ -1,0 +1,57 @@
+"""`beam`: target-only beam sampling of width W (and deterministic beam search).
+
+Each step scores every one-token extension (beam i, token v) by its joint log-likelihood
+s_i + log p(v | beam i) under the unwarped target, warps that flattened [beams x V] vector jointly
+(temperature, top-k, top-p) and draws W extensions from it with replacement (specs/seed-003 §3.1, B2).
+Deterministic beam search keeps the W best extensions instead; temperature 0 means that too. A beam
+ending in EOS is finished and leaves the active set with its length-normalised score; the output is
+the finished or final beam with the highest length-normalised score. One target forward per step, all
+beams in one batch; the KV cache rows follow the beams' parents.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine import Session
+
+
+def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
+    model = s.target_model
+    budget = s.budget()
+    if budget <= 0:
+        return
+    deterministic = deterministic or s.sampling.greedy
+    runner = s.target
+    logits = runner.feed(s.tokens)[-1:]  # [1, V]: after the prompt
+    device = logits.device
+    beams = torch.empty(1, 0, dtype=torch.long, device=device)  # generated tokens per active beam
+    scores = torch.zeros(1, dtype=logits.dtype, device=device)  # raw joint log-likelihoods
+    finished: list[tuple[float, list[int]]] = []
+    eos = s.eos
+    for step in range(budget):
+        logp = torch.log_softmax(logits, dim=-1)
+        joint = (scores[:, None] + logp).reshape(-1)
+        if deterministic:
+            picks = torch.topk(joint, min(width, int(torch.isfinite(joint).sum()))).indices
+        else:
+            weights = s.sampling.probs(joint)
+            picks = torch.multinomial(weights, width, replacement=True, generator=s.generator)
+        vocab = logp.shape[-1]
+        parents, tokens = picks // vocab, picks % vocab
+        scores = joint[picks]
+        beams = torch.cat([beams[parents], tokens[:, None]], dim=1)
+        if eos is not None:
+            ended = tokens == eos
+            for i in ended.nonzero().flatten().tolist():
+                finished.append((float(scores[i]) / (step + 1), beams[i].tolist()))
+            keep = ~ended
+            parents, tokens, beams, scores = parents[keep], tokens[keep], beams[keep], scores[keep]
+        if len(tokens) == 0 or step + 1 == budget:
+            break
+        model.select_rows(runner.cache, parents)
+        logits = runner.forward_rows(tokens[:, None])[:, -1]
+    length = beams.shape[1]
+    candidates = finished + [(float(sc) / length, b.tolist()) for sc, b in zip(scores, beams, strict=True)]
+    best = max(candidates, key=lambda c: c[0])[1]
+    s.commit(best)

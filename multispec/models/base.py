@@ -1,0 +1,69 @@
+"""The one small interface every model backend implements.
+
+A backend scores new tokens on top of a KV cache: `forward(cache, tokens, positions, mask)` appends the
+tokens' entries to the cache and returns their next-token logits. Trees and beams need explicit
+positions and a mask over (cached + new) keys; chains need neither. The cache operations are what the
+engine uses to commit: crop to a length, select or reorder batch rows, keep a chosen set of positions.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+
+class LanguageModel(ABC):
+    #: usable vocabulary (the tokenizer's size; logits are cut to it when the embedding table is padded)
+    vocab_size: int
+    #: longest sequence (prompt + generated) the model accepts, or None when unbounded
+    max_length: int | None = None
+    eos_token_id: int | None = None
+    tokenizer: Any = None
+    name: str = "model"
+    device: torch.device = torch.device("cpu")
+
+    @abstractmethod
+    def new_cache(self) -> Any:
+        """An empty cache."""
+
+    @abstractmethod
+    def cache_length(self, cache: Any) -> int:
+        """Number of positions held in the cache."""
+
+    @abstractmethod
+    def forward(
+        self,
+        cache: Any,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """Score `tokens` [B, n] after the cached ones; the cache grows by n.
+
+        positions: [B, n] position ids (default: cache length + 0..n-1).
+        mask: bool [B, n, cache length + n], True where a new token may attend (default: causal).
+        logits_to_keep: return logits for only the last k new tokens (0: all).
+        Returns float logits [B, k or n, vocab_size] (float32 at least).
+        """
+
+    @abstractmethod
+    def crop(self, cache: Any, length: int) -> None:
+        """Keep the first `length` positions."""
+
+    @abstractmethod
+    def select_rows(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep / reorder / repeat batch rows: row i of the new cache is row rows[i] of the old."""
+
+    @abstractmethod
+    def keep_positions(self, cache: Any, positions: torch.Tensor) -> None:
+        """Keep only the given sequence positions (same for every row), in the given order."""
+
+    # Text, for backends with a tokenizer.
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        raise ValueError(f"{self.name} has no tokenizer: give the prompt as a list of token ids")
+
+    def decode(self, ids: list[int]) -> str | None:
+        return None

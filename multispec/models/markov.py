@@ -1,0 +1,99 @@
+"""Exact small models: (non-stationary) Markov chains over a tiny vocabulary.
+
+P(x_n = b | x_{n-1} = a) = transitions[n-1][a][b], positions counted from the first prompt token (0).
+A [V, V] table is stationary. Because the next token depends only on the current one and its position,
+the output at a query is log transitions[position][token], whatever the mask: the engine's tree and
+cache bookkeeping is exercised, and exact sequence probabilities are available for the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..warp import Sampling
+from .base import LanguageModel
+
+
+@dataclass
+class MarkovCache:
+    length: int = 0
+    batch: int = 1
+
+
+class MarkovLM(LanguageModel):
+    def __init__(self, transitions, eos_token_id: int | None = None, name: str = "markov"):
+        t = torch.as_tensor(transitions, dtype=torch.float64)
+        if t.dim() not in (2, 3) or t.shape[-1] != t.shape[-2]:
+            raise ValueError(f"transitions must have shape [T, V, V] or [V, V], got {tuple(t.shape)}")
+        if (t < 0).any() or not torch.allclose(t.sum(-1), torch.ones((), dtype=t.dtype), atol=1e-9):
+            raise ValueError("every row of transitions must be a probability distribution")
+        self.stationary = t.dim() == 2
+        self.transitions = t[None] if self.stationary else t
+        self.vocab_size = t.shape[-1]
+        # a non-stationary chain of horizon T defines tokens at positions 0..T
+        self.max_length = None if self.stationary else self.transitions.shape[0] + 1
+        self.eos_token_id = eos_token_id
+        self.name = name
+        self._log = self.transitions.log()
+
+    def new_cache(self) -> MarkovCache:
+        return MarkovCache()
+
+    def cache_length(self, cache: MarkovCache) -> int:
+        return cache.length
+
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
+        b, n = tokens.shape
+        if positions is None:
+            positions = cache.length + torch.arange(n).expand(b, n)
+        step = positions.clamp_max(self._log.shape[0] - 1) if self.stationary else positions
+        if not self.stationary and int(positions.max()) >= self._log.shape[0]:
+            raise ValueError(f"position {int(positions.max())} is past the chain's horizon {self._log.shape[0]}")
+        logits = self._log[step, tokens]
+        cache.length += n
+        cache.batch = b
+        return logits[:, -logits_to_keep:] if logits_to_keep else logits
+
+    def crop(self, cache, length):
+        cache.length = min(cache.length, length)
+
+    def select_rows(self, cache, rows):
+        cache.batch = len(rows)
+
+    def keep_positions(self, cache, positions):
+        cache.length = len(positions)
+
+    # Exact distributions, for tests and the checker.
+    def conditionals(self, position: int) -> torch.Tensor:
+        """[V, V] table of P(next | current) for a current token at `position`."""
+        return self.transitions[0 if self.stationary else position]
+
+    def sequence_distribution(self, prompt: list[int], n: int, sampling: Sampling | None = None):
+        """Exact law of the next n tokens after `prompt` under warped sampling.
+
+        Returns (outcomes [V**n, n] LongTensor in lexicographic order, probabilities [V**n] float64).
+        """
+        sampling = sampling or Sampling()
+        v = self.vocab_size
+        outcomes = torch.tensor(list(itertools.product(range(v), repeat=n)), dtype=torch.long).reshape(-1, n)
+        prob = torch.ones(len(outcomes), dtype=torch.float64)
+        prev = torch.full((len(outcomes),), prompt[-1], dtype=torch.long)
+        for i in range(n):
+            table = sampling.probs(self._log[0 if self.stationary else len(prompt) - 1 + i])
+            prob = prob * table[prev, outcomes[:, i]]
+            prev = outcomes[:, i]
+        return outcomes, prob
+
+
+def random_markov_pair(vocab: int, horizon: int, seed: int, concentration: float = 1.0):
+    """A (target, draft) pair of random non-stationary chains with Dirichlet(concentration) rows."""
+    rng = np.random.default_rng(seed)
+
+    def table():
+        return rng.dirichlet(np.full(vocab, concentration), size=(horizon, vocab))
+
+    return MarkovLM(table(), name="markov-target"), MarkovLM(table(), name="markov-draft")

@@ -1,0 +1,70 @@
+"""Logit warping: temperature, top-k, top-p. Draft and target always share one `Sampling`.
+
+Probabilities are computed in float32 at least (float64 stays float64), whatever the model dtype,
+so that ratios and residuals of verification are not spoiled by half-precision underflow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self):
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {t!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 turns it off), got {k!r}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
+        logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
+        if self.greedy:
+            out = torch.zeros_like(logits)
+            return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        z = logits / self.temperature
+        z = _top_k(z, self.top_k)
+        z = _top_p(z, self.top_p)
+        return torch.softmax(z, dim=-1)
+
+
+def _top_k(z: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= z.shape[-1]:
+        return z
+    kth = torch.topk(z, k, dim=-1).values[..., -1:]
+    return z.masked_fill(z < kth, -math.inf)  # ties with the k-th value are kept
+
+
+def _top_p(z: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest top set whose mass first exceeds p (the crossing token is kept)."""
+    if p >= 1.0:
+        return z
+    sorted_z, order = torch.sort(z, dim=-1, descending=True)
+    cum = torch.softmax(sorted_z, dim=-1).cumsum(-1)
+    remove = cum > p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = False
+    return z.masked_fill(remove.scatter(-1, order, remove), -math.inf)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
+    """One token per row of `probs` (shape [..., V]) -> LongTensor of shape [...]."""
+    if greedy:
+        return probs.argmax(-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
