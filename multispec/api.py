@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ def load_model(name: str | None, device: str | None = None, default: str = TARGE
     name = name or default
     if name in DEFAULT_NAMES:
         return load_default(name, device=device)
+    if name.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(name)):
+        raise ValueError(f"model path {name!r} does not exist")
     return HFModel.from_pretrained(name, device=device)
 
 
@@ -88,11 +91,7 @@ def generate(
 ) -> Result:
     """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
     tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output."""
-    spec = get_method(method)
-    params = spec.resolve(method_params)
-    sampling = Sampling(temperature, top_k, top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params)
     if spec.needs_draft:
         if draft is None:
             raise ValueError(f"method {method!r} needs a draft model; none was given")
@@ -115,6 +114,16 @@ def generate(
         spec.run(session, **params)
     seconds = time.perf_counter() - t0
     return Result(session.new_tokens, target.decode(session.new_tokens), _stats(session, seconds), prompt_ids)
+
+
+def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict):
+    """Everything about a request that can be checked without a model: (method, parameters, sampling)."""
+    spec = get_method(method)
+    params = spec.resolve(method_params)
+    sampling = Sampling(temperature, top_k, top_p)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    return spec, params, sampling
 
 
 def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:

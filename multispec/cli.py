@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args) -> int:
-    from .api import ModelPair, generate, load_model, load_pair
+    from .api import ModelPair, generate, load_model, load_pair, validate_request
     from .models.default import DEFAULT_NAMES
 
     name, params = parse_method(args.method)
@@ -81,9 +81,10 @@ def cmd_generate(args) -> int:
             params[key] = getattr(args, key)
     if args.deterministic:
         params["deterministic"] = True
-    method = METHODS.get(name)
-    if method is None:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    # check what needs no model before spending seconds on loading one
+    method, _, _ = validate_request(name, args.max_new_tokens, args.temperature, args.top_k, args.top_p, params)
+    if not args.prompt.strip():
+        raise ValueError("the prompt is empty")
     if method.needs_draft:
         pair = load_pair(args.target, args.draft, device=args.device)
     else:  # target-only methods: do not spend time loading a draft
@@ -151,6 +152,10 @@ def cmd_check(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # model loading bars would drown the generated text
+    hf_logging.set_verbosity_error()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -159,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return cmd_check(args)
     except (ValueError, UsageError) as e:
-        print(f"multispec: error: {e}", file=sys.stderr)
+        print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    except OSError as e:  # a model id or path that cannot be loaded
+        print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\nmultispec: interrupted", file=sys.stderr)

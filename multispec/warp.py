@@ -51,14 +51,12 @@ def _top_k(z: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _top_p(z: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest top set whose mass first exceeds p (the crossing token is kept)."""
+    """Keep the smallest top set whose mass reaches p (the crossing token is kept; HF semantics)."""
     if p >= 1.0:
         return z
     sorted_z, order = torch.sort(z, dim=-1, descending=True)
-    cum = torch.softmax(sorted_z, dim=-1).cumsum(-1)
-    remove = cum > p
-    remove[..., 1:] = remove[..., :-1].clone()
-    remove[..., 0] = False
+    sorted_p = torch.softmax(sorted_z, dim=-1)
+    remove = sorted_p.cumsum(-1) - sorted_p >= p  # the mass before this token already reaches p
     return z.masked_fill(remove.scatter(-1, order, remove), -math.inf)
 
 

@@ -38,9 +38,7 @@ class HFModel(LanguageModel):
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        except Exception as e:  # no tokenizer files: ids-only use is still possible
-            if "does not appear to have" not in str(e) and "Can't load tokenizer" not in str(e):
-                raise
+        except (OSError, ValueError):  # no usable tokenizer files: ids-only use is still possible
             tokenizer = None
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
         if device is not None:

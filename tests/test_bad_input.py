@@ -1,0 +1,84 @@
+"""Bad input: a ValueError naming the value from the API; one line and exit code 2 from the CLI."""
+
+import subprocess
+import sys
+
+import pytest
+
+from multispec import generate
+from multispec.cli import main
+from multispec.models.markov import random_markov_pair
+from tests.conftest import tiny_llama
+
+TARGET, DRAFT = random_markov_pair(4, 20, seed=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"prompt": []}, "empty"),
+        ({"prompt": "   "}, "empty"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"method": "sd", "gamma": 0}, "gamma"),
+        ({"method": "sd", "gamma": "many"}, "gamma"),
+        ({"method": "beam", "width": 0}, "width"),
+        ({"max_new_tokens": -1}, "max_new_tokens"),
+        ({"method": "nonsense"}, "unknown method 'nonsense'"),
+        ({"method": "ar", "gamma": 2}, "no parameter 'gamma'"),
+        ({"prompt": [0, 9]}, "token id 9"),
+        ({"prompt": "text for a model without tokenizer"}, "no tokenizer"),
+    ],
+)
+def test_api_errors_name_the_problem(kwargs, needle):
+    args = {"prompt": [0], "method": "sd", **kwargs}
+    prompt = args.pop("prompt")
+    with pytest.raises(ValueError, match=needle):
+        generate(TARGET, DRAFT, prompt, **args)
+
+
+def test_prompt_longer_than_context():
+    model = tiny_llama(max_positions=16)
+    with pytest.raises(ValueError, match="20 tokens.*context of 16"):
+        generate(model, None, list(range(20)), method="ar")
+
+
+def test_sd_without_a_draft():
+    with pytest.raises(ValueError, match="needs a draft"):
+        generate(TARGET, None, [0], method="sd")
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--top-p", "0"], "top_p"),
+        (["generate", "hi", "--top-k", "-1"], "top_k"),
+        (["generate", "hi", "--gamma", "0"], "gamma"),
+        (["generate", "hi", "--method", "beam", "--width", "0"], "width"),
+        (["generate", "hi", "--max-new-tokens", "-5"], "max_new_tokens"),
+        (["generate", "hi", "--method", "warp-drive"], "unknown method"),
+        (["generate", ""], "empty"),
+        (["generate", "hi", "--param", "gamma"], "KEY=VALUE"),
+        (["check", "--method", "sd:gamma=x"], "gamma must be an integer"),
+    ],
+)
+def test_cli_errors_are_one_line_with_status_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and err.startswith("multispec: error:")
+
+
+def test_cli_mismatched_vocabularies_in_a_subprocess(tmp_path):
+    """A real draft directory whose vocabulary differs from the default target's."""
+    model = tiny_llama(vocab=80)
+    model.model.save_pretrained(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multispec.cli", "generate", "hello", "--draft", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "49152" in lines[0] and "80" in lines[0]

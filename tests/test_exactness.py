@@ -1,0 +1,36 @@
+"""Whole-output laws of the real decoders on random Markov pairs against the exact target law."""
+
+import pytest
+
+from multispec.check import check_method
+from tests.test_verify_chain import no_residual_verify
+
+RUNS = 6000
+
+
+@pytest.mark.parametrize(
+    "method, params, sampling",
+    [
+        ("ar", {}, {}),
+        ("sd", {"gamma": 1}, {}),
+        ("sd", {"gamma": 3}, {}),
+        ("sd", {"gamma": 2}, {"temperature": 0.7, "top_k": 3, "top_p": 0.9}),
+        ("beam", {"width": 1}, {}),  # beam sampling of width 1 is multinomial sampling
+    ],
+)
+def test_exact_methods_pass(method, params, sampling):
+    report = check_method(method, runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
+    assert report.passed, report.pairs
+    assert all(p.tv < 0.06 for p in report.pairs)
+
+
+def test_sd_without_residual_fails_the_same_check():
+    report = check_method("sd", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, gamma=2, verify=no_residual_verify)
+    assert not report.passed
+    assert max(p.chi2 / p.dof for p in report.pairs) > 3
+
+
+def test_beam_of_width_two_is_not_target_sampling():
+    # beam sampling has another law; the checker must say so rather than pass everything
+    report = check_method("beam", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, width=2)
+    assert not report.passed

@@ -1,0 +1,111 @@
+"""The Hugging Face backend on tiny random Llamas: tree masks, cache operations, greedy equivalence."""
+
+import pytest
+import torch
+
+from multispec import generate
+from multispec.engine import ModelRunner
+from multispec.trees import TokenTree
+from tests.conftest import tiny_llama
+
+PROMPT = [5, 17, 3, 42, 8, 11]
+
+
+def full_logits(model, ids):
+    """Reference: the model run on one linear sequence with no cache."""
+    with torch.no_grad():
+        return model.model(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("parents", [[-1, -1, 0, 0, 1, 1], [-1, 0, -1, 2, 1, 3, 3], [-1, 0, 1, 2]])
+def test_tree_masked_forward_equals_each_path(parents):
+    model = tiny_llama()
+    tree = TokenTree.from_parents(parents)
+    tokens = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(len(parents)))
+    runner = ModelRunner(model)
+    committed = list(PROMPT)
+    runner.feed(committed[:-1])  # a cache already holding part of the committed sequence
+    logits = runner.feed(committed, tokens, tree=tree)
+    assert logits.shape == (1 + tree.size, 64)
+    assert torch.allclose(logits[0], full_logits(model, committed)[-1], atol=1e-4)
+    for g in range(tree.size):
+        path = committed + tokens[tree.path(g)].tolist()
+        ref = full_logits(model, path)[-1]
+        assert torch.allclose(logits[1 + g], ref, atol=1e-4), (g, (logits[1 + g] - ref).abs().max())
+
+
+def test_tree_fed_level_by_level_equals_paths():
+    # how a draft builds a tree: one forward per depth, earlier levels already cached as tentative entries
+    model = tiny_llama(seed=1)
+    tree = TokenTree.from_parents([-1, -1, 0, 0, 1, 1, 2, 5])
+    tokens = torch.arange(10, 10 + tree.size)
+    runner = ModelRunner(model)
+    first = runner.feed(PROMPT, tokens[:2], tree=tree, nodes=slice(0, 2))
+    second = runner.feed(PROMPT, tokens[2:6], tree=tree, nodes=slice(2, 6))
+    third = runner.feed(PROMPT, tokens[6:], tree=tree, nodes=slice(6, 8))
+    rows = torch.cat([first[1:], second, third])
+    for g in range(tree.size):
+        ref = full_logits(model, PROMPT + tokens[tree.path(g)].tolist())[-1]
+        assert torch.allclose(rows[g], ref, atol=1e-4)
+
+
+def test_compacted_cache_equals_linear_cache():
+    model = tiny_llama(seed=2)
+    tree = TokenTree.from_parents([-1, -1, 0, 1, 1, 4])
+    tokens = torch.tensor([7, 9, 13, 21, 22, 30])
+    runner = ModelRunner(model)
+    runner.feed(PROMPT, tokens, tree=tree)
+    accepted = tree.path(5)  # nodes 1, 4, 5
+    endpoint = 33
+    committed = PROMPT + tokens[accepted].tolist() + [endpoint]
+    runner.commit(len(committed), accepted)
+    linear = ModelRunner(model)
+    linear.feed(committed[:-1])
+    for a, b in zip(runner.cache.layers, linear.cache.layers, strict=True):
+        assert a.keys.shape == b.keys.shape
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+    # and the next step from the compacted cache is the linear one
+    assert torch.allclose(runner.feed(committed)[-1], full_logits(model, committed)[-1], atol=1e-4)
+
+
+def test_select_rows_reorders_beams():
+    model = tiny_llama(seed=3)
+    cache = model.new_cache()
+    batch = torch.tensor([PROMPT, PROMPT[::-1], [1, 2, 3, 4, 5, 6]])
+    model.forward(cache, batch)
+    model.select_rows(cache, torch.tensor([2, 0, 0]))
+    nxt = torch.tensor([[4], [5], [6]])
+    got = model.forward(cache, nxt)[:, -1]
+    for row, (src, tok) in enumerate([(2, 4), (0, 5), (0, 6)]):
+        ref = full_logits(model, batch[src].tolist() + [tok])[-1]
+        assert torch.allclose(got[row], ref, atol=1e-4)
+
+
+def test_deterministic_beam_search_matches_a_cacheless_reference():
+    model = tiny_llama(seed=4)
+    width, steps = 3, 5
+    beams = [([], 0.0)]
+    for _ in range(steps):
+        cands = []
+        for seq, score in beams:
+            logp = torch.log_softmax(full_logits(model, PROMPT + seq)[-1], -1)
+            cands += [(seq + [v], score + float(logp[v])) for v in range(64)]
+        beams = sorted(cands, key=lambda c: -c[1])[:width]
+    r = generate(model, None, PROMPT, method="beam", width=width, deterministic=True, max_new_tokens=steps)
+    assert r.token_ids == beams[0][0]
+    assert r.stats["target_calls"] == steps
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_sd_equals_greedy_ar_on_tiny_llamas(gamma):
+    target, draft = tiny_llama(seed=5), tiny_llama(seed=6, layers=1)
+    ar = generate(target, None, PROMPT, method="ar", temperature=0, max_new_tokens=40)
+    sd = generate(target, draft, PROMPT, method="sd", gamma=gamma, temperature=0, max_new_tokens=40)
+    assert sd.token_ids == ar.token_ids
+    assert sd.stats["target_calls"] < 40 or sd.stats["accepted"] == 0
+
+
+def test_different_vocabularies_are_refused_naming_both_sizes():
+    target, draft = tiny_llama(vocab=64), tiny_llama(vocab=80)
+    with pytest.raises(ValueError, match=r"64.*80"):
+        generate(target, draft, PROMPT, method="sd")

@@ -1,0 +1,100 @@
+"""The chain verifier as a pure function: exact law by enumeration, golden numbers, a broken variant."""
+
+import numpy as np
+import pytest
+import torch
+
+from multispec.verify import residual, speculative_verify
+
+EX1_TARGET = [0.5, 0.3, 0.2]
+EX1_DRAFT = [0.2, 0.2, 0.6]
+
+
+def exact_one_step_law(target, draft):
+    """Law of the emitted token for one draft position (g = 1), computed from the rule's definition."""
+    target, draft = torch.as_tensor(target, dtype=torch.float64), torch.as_tensor(draft, dtype=torch.float64)
+    accept = torch.minimum(target, draft)  # P(draft = x and accepted)
+    reject_mass = 1 - accept.sum()
+    return accept + reject_mass * residual(target, draft)
+
+
+def test_residual_guard_and_values():
+    r = residual(torch.tensor(EX1_TARGET, dtype=torch.float64), torch.tensor(EX1_DRAFT, dtype=torch.float64))
+    assert torch.allclose(r, torch.tensor([0.75, 0.25, 0.0], dtype=torch.float64))
+    same = torch.tensor([0.2, 0.8], dtype=torch.float64)
+    assert torch.equal(residual(same, same), same)  # zero mass: falls back to the target row
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_step_law_equals_target_exactly(seed):
+    rng = np.random.default_rng(seed)
+    v = int(rng.integers(2, 7))
+    target, draft = rng.dirichlet(np.ones(v)), rng.dirichlet(np.ones(v) * 0.5)
+    target[rng.integers(v)] = 0  # zeros on either side must be handled
+    target /= target.sum()
+    law = exact_one_step_law(target, draft)
+    assert torch.allclose(law, torch.tensor(target), atol=1e-12)
+
+
+def test_golden_acceptance_example_1():
+    # specs/seed-004 §5.5: acceptance of standard speculative sampling is sum(min) = 0.6
+    acc = torch.minimum(torch.tensor(EX1_TARGET), torch.tensor(EX1_DRAFT)).sum()
+    assert abs(float(acc) - 0.6) < 1e-7
+
+
+def _verify_law_by_enumeration(target_rows, draft_rows, verify, trials=20000, seed=0):
+    """Monte Carlo law of (accepted count, emitted tokens) for a 2-draft chain with fixed rows."""
+    g = torch.Generator().manual_seed(seed)
+    target = torch.tensor(target_rows, dtype=torch.float64)
+    draft = torch.tensor(draft_rows, dtype=torch.float64)
+    v = target.shape[1]
+    counts = {}
+    for _ in range(trials):
+        tokens = torch.multinomial(draft, 1, generator=g)[:, 0]
+        n, nxt = verify(target, draft, tokens, g)
+        first = int(tokens[0]) if n >= 1 else int(nxt)
+        counts[first] = counts.get(first, 0) + 1
+    return np.array([counts.get(x, 0) for x in range(v)]) / trials
+
+
+def test_monte_carlo_first_token_law_and_acceptance():
+    rows_t = [EX1_TARGET, EX1_TARGET, EX1_TARGET]
+    rows_d = [EX1_DRAFT, EX1_DRAFT]
+    law = _verify_law_by_enumeration(rows_t, rows_d, speculative_verify)
+    assert np.abs(law - np.array(EX1_TARGET)).max() < 0.01
+    g = torch.Generator().manual_seed(1)
+    target = torch.tensor(rows_t, dtype=torch.float64)
+    draft = torch.tensor(rows_d, dtype=torch.float64)
+    accepted = []
+    for _ in range(10000):
+        tokens = torch.multinomial(draft, 1, generator=g)[:, 0]
+        accepted.append(speculative_verify(target, draft, tokens, g)[0])
+    # context-free rows: block efficiency for gamma 2 is 1 + a + a^2 = 1.96 (specs/seed-004 §5.5)
+    assert abs(1 + np.mean(accepted) - 1.96) < 4 * np.std(accepted) / np.sqrt(len(accepted))
+
+
+def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None):
+    """A known-wrong variant: on rejection it resamples from the target row instead of the residual."""
+    g = draft_tokens.shape[0]
+    rows = torch.arange(g)
+    u = torch.rand(g, generator=generator, dtype=target_probs.dtype)
+    ok = u * draft_probs[rows, draft_tokens] < target_probs[rows, draft_tokens]
+    n = int(ok.cumprod(0).sum())
+    return n, torch.multinomial(target_probs[n], 1, generator=generator)[0]
+
+
+def test_broken_variant_has_the_wrong_law():
+    law = _verify_law_by_enumeration([EX1_TARGET] * 3, [EX1_DRAFT] * 2, no_residual_verify)
+    # exact law of the broken rule: min(t, d) + 0.4 * t = [0.4, 0.32, 0.28]
+    assert np.abs(law - np.array([0.4, 0.32, 0.28])).max() < 0.01
+    assert np.abs(law - np.array(EX1_TARGET)).max() > 0.05
+
+
+def test_greedy_rows_accept_iff_draft_is_target_argmax():
+    eye = torch.eye(4, dtype=torch.float64)
+    target = eye[[1, 2, 3]]  # argmax 1, 2, then bonus 3
+    for drafts, expect in [([1, 2], (2, 3)), ([1, 0], (1, 2)), ([0, 2], (0, 1))]:
+        tokens = torch.tensor(drafts)
+        n, nxt = speculative_verify(target, eye[tokens], tokens)
+        assert (n, int(nxt)) == expect
+

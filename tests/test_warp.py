@@ -1,0 +1,52 @@
+import pytest
+import torch
+
+from multispec.warp import Sampling
+
+
+def test_greedy_is_one_hot_at_argmax():
+    probs = Sampling(temperature=0).probs(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]]))
+    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]
+
+
+def test_temperature_scales_logits():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    got = Sampling(temperature=2.0).probs(logits)
+    assert torch.allclose(got, torch.softmax(logits / 2, -1))
+
+
+def test_top_k_keeps_k_and_renormalises():
+    logits = torch.log(torch.tensor([0.1, 0.4, 0.2, 0.3]))
+    got = Sampling(top_k=2).probs(logits)
+    assert torch.allclose(got, torch.tensor([0, 4 / 7, 0, 3 / 7]))
+
+
+def test_top_p_keeps_the_crossing_token():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64))
+    # 0.5 < 0.6, 0.8 crosses 0.6: keep {0, 1}
+    got = Sampling(top_p=0.6).probs(logits)
+    assert torch.allclose(got, torch.tensor([0.625, 0.375, 0, 0], dtype=torch.float64))
+    # exactly at the threshold nothing more is needed
+    got = Sampling(top_p=0.5).probs(logits)
+    assert torch.allclose(got, torch.tensor([1.0, 0, 0, 0], dtype=torch.float64))
+
+
+def test_top_k_then_top_p_on_batch_rows():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    got = Sampling(top_k=3, top_p=0.5).probs(logits)
+    # after top-k 3 the masses are 4/9, 3/9, 2/9: 4/9 < 0.5, 7/9 crosses
+    assert torch.allclose(got, torch.tensor([[4 / 7, 3 / 7, 0, 0], [0, 0, 3 / 7, 4 / 7]]))
+
+
+def test_half_precision_logits_give_float32_probs():
+    assert Sampling().probs(torch.zeros(5, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+     ({"top_k": -1}, "top_k"), ({"top_k": 1.5}, "top_k")],
+)
+def test_bad_settings_name_the_value(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        Sampling(**kwargs)
