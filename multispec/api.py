@@ -159,6 +159,7 @@ def _stats(s: Session, seconds: float) -> dict[str, Any]:
         "drafted": c["drafted"],
         "accepted": c["accepted"],
         "iterations": c["iterations"],
+        "rejections": c["rejections"],
         "seconds": seconds,  # prefill included
         "tokens_per_second": new / seconds if seconds > 0 else 0.0,
         "block_efficiency": new / target_calls if target_calls else 0.0,

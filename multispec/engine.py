@@ -139,7 +139,7 @@ class Session:
         self.on_tokens = on_tokens
         self.eos = target.eos_token_id
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
-        self.counters = {"iterations": 0, "drafted": 0, "accepted": 0}
+        self.counters = {"iterations": 0, "drafted": 0, "accepted": 0, "rejections": 0}
         limits = [m.max_length for m in (target, draft) if m is not None and m.max_length is not None]
         self.max_length = min(limits) if limits else None
 
@@ -163,8 +163,8 @@ class Session:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
 
-    def commit(self, tokens: list[int], drafted: int = 0, accepted: int = 0) -> None:
-        """Append tokens, cutting at EOS and at the budget; count one iteration."""
+    def commit(self, tokens: list[int], drafted: int = 0, accepted: int = 0, rejected: bool = False) -> None:
+        """Append tokens, cutting at EOS and at the budget; count one iteration (and its rejection)."""
         tokens = tokens[: self.budget()]
         if self.eos is not None and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
@@ -173,6 +173,7 @@ class Session:
         self.counters["iterations"] += 1
         self.counters["drafted"] += drafted
         self.counters["accepted"] += accepted
+        self.counters["rejections"] += int(rejected)
         if self.stopped is None and self.budget() <= 0:
             self.stopped = "length" if len(self.new_tokens) >= self.max_new_tokens else "context"
         if self.on_tokens is not None and tokens:

@@ -73,7 +73,7 @@ def test_monte_carlo_first_token_law_and_acceptance():
     assert abs(1 + np.mean(accepted) - 1.96) < 4 * np.std(accepted) / np.sqrt(len(accepted))
 
 
-def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None):
+def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None, bonus=True):
     """A known-wrong variant: on rejection it resamples from the target row instead of the residual."""
     g = draft_tokens.shape[0]
     rows = torch.arange(g)

@@ -99,5 +99,15 @@ register(Method("beam", beam.decode, needs_draft=False, exact="reference",
                                                help="keep the W best extensions instead of sampling")}))
 register(Method("sd", sd.decode, needs_draft=True, exact="equals ar in distribution",
                 summary="speculative sampling with a chain of gamma drafts",
-                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call")},
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call"),
+                        "bonus": Param(bool, True, rule="true or false",
+                                       help="sample a free target token after a fully accepted chain")},
                 hidden=("verify",)))
+register(Method("sd-opt", sd.decode_relaxed, needs_draft=True, exact="biased when eps > 0 (eps = 0 is sd)",
+                summary="over-accepting speculative sampling (seed 002 Decoding-OPT / UNO)",
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call"),
+                        "eps": Param(float, 0.1, lambda v: v >= 0, "a number >= 0",
+                                     "over-acceptance: accept with min(1, (target + eps) / draft)"),
+                        "resample": Param(str, "opt", lambda v: v in ("opt", "uno"), "'opt' or 'uno'",
+                                          "on rejection: the optimal residual (opt) or the target (uno)"),
+                        "bonus": Param(bool, True, rule="true or false")}))

@@ -8,22 +8,31 @@ commit:  both caches keep the accepted drafts; the new endpoint token is left un
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..engine import Session
-from ..verify import speculative_verify
+from ..verify import relaxed_verify, speculative_verify
 
 
-def decode(s: Session, gamma: int = 4, verify=speculative_verify) -> None:
+def decode(s: Session, gamma: int = 4, bonus: bool = True, verify=speculative_verify) -> None:
+    """`bonus=False` drops the free token after a fully accepted chain (seed 002's analysis setting)."""
     while not s.done:
-        g = min(gamma, s.budget() - 1)  # the bonus token needs a slot too
+        # the bonus token needs a slot too; without bonus, draft up to the budget
+        g = min(gamma, s.budget() - 1) if bonus else max(1, min(gamma, s.budget()))
         drafts, draft_probs = _propose(s, g)
         target_probs = s.sampling.probs(s.target.feed(s.tokens, drafts))
-        n, token = verify(target_probs, draft_probs, drafts, s.generator)
-        new = drafts[:n].tolist() + [int(token)]
-        s.commit(new, drafted=g, accepted=n)
+        n, token = verify(target_probs, draft_probs, drafts, s.generator, bonus=bonus)
+        new = drafts[:n].tolist() + ([] if token is None else [int(token)])
+        s.commit(new, drafted=g, accepted=n, rejected=n < g)
         s.target.commit(len(s.tokens), list(range(n)))
         s.draft.commit(len(s.tokens), list(range(n)))
+
+
+def decode_relaxed(s: Session, gamma: int = 4, eps: float = 0.1, resample: str = "opt", bonus: bool = True) -> None:
+    """`sd-opt`: the same loop with seed 002's over-accepting rule; eps = 0 with "opt" is `sd`."""
+    decode(s, gamma, bonus, verify=partial(relaxed_verify, eps=eps, resample=resample))
 
 
 def _propose(s: Session, g: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """Verification rules: pure functions on probability vectors. No models, no caches."""
 
-from .chain import residual, speculative_verify
+from .chain import relaxed_verify, residual, speculative_verify
 
-__all__ = ["residual", "speculative_verify"]
+__all__ = ["relaxed_verify", "residual", "speculative_verify"]

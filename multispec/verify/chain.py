@@ -1,9 +1,10 @@
-"""Speculative sampling on a chain of drafts (Leviathan et al. 2023; Chen et al. 2023).
+"""Speculative sampling on a chain of drafts (Leviathan et al. 2023; Chen et al. 2023), and the biased
+over-accepting variant of seed 002 (Decoding-OPT / Decoding-UNO).
 
-Accept draft token x at position i with probability min(1, target_i(x) / draft_i(x)); at the first
-rejection draw the replacement from norm(max(0, target_i - draft_i)); if every draft passes, draw a
-bonus token from the target's distribution after the last draft. The output is distributed exactly as
-sampling from the target alone.
+Exact rule: accept draft token x at position i with probability min(1, target_i(x) / draft_i(x)); at
+the first rejection draw the replacement from norm(max(0, target_i - draft_i)); if every draft passes,
+draw a bonus token from the target's distribution after the last draft. The output is distributed
+exactly as sampling from the target alone.
 """
 
 from __future__ import annotations
@@ -21,26 +22,69 @@ def residual(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), target)
 
 
+def _accepted_prefix(on_target: torch.Tensor, on_draft: torch.Tensor, generator) -> int:
+    """Length of the accepted prefix when position i passes iff u_i < on_target_i / on_draft_i."""
+    g = on_target.shape[0]
+    if g == 0:
+        return 0
+    u = torch.rand(g, generator=generator, device=on_target.device, dtype=on_target.dtype)
+    # written without the division; drafted tokens have on_draft > 0
+    return int((u * on_draft < on_target).cumprod(0).sum())
+
+
 def speculative_verify(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
     draft_tokens: torch.Tensor,
     generator: torch.Generator | None = None,
-) -> tuple[int, torch.Tensor]:
+    bonus: bool = True,
+) -> tuple[int, torch.Tensor | None]:
     """Verify a chain of drafts.
 
-    target_probs: [g + 1, V], the target's warped distributions at each draft position and after the last.
+    target_probs: [g + 1, V] (or [g, V] without bonus), the target's warped distributions at each draft
+                  position and after the last.
     draft_probs:  [g, V], the draft's warped distributions the drafts were sampled from.
     draft_tokens: [g], the drafted token ids.
-    Returns (number accepted n, next token): the caller commits draft_tokens[:n] then the next token.
+    Returns (number accepted n, next token): the caller commits draft_tokens[:n], then the next token,
+    which is None only when all drafts pass and `bonus` is off.
     """
-    g = draft_tokens.shape[0]
-    rows = torch.arange(g, device=draft_tokens.device)
-    on_target = target_probs[rows, draft_tokens]
-    on_draft = draft_probs[rows, draft_tokens]
-    u = torch.rand(g, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
-    # accept iff u < target/draft, written without the division; drafted tokens have draft > 0
-    accepted = u * on_draft < on_target
-    n = int(accepted.cumprod(0).sum()) if g else 0
-    dist = residual(target_probs[n], draft_probs[n]) if n < g else target_probs[g]
+    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+    n = _accepted_prefix(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], generator)
+    if n < draft_tokens.shape[0]:
+        dist = residual(target_probs[n], draft_probs[n])
+    elif bonus:
+        dist = target_probs[n]
+    else:
+        return n, None
+    return n, torch.multinomial(dist, 1, generator=generator)[0]
+
+
+def relaxed_verify(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    bonus: bool = True,
+    eps: float = 0.0,
+    resample: str = "opt",
+) -> tuple[int, torch.Tensor | None]:
+    """Over-accepting verification (seed 002 §3.4): accept with b(x) = min(1, (target(x) + eps) / draft(x)).
+
+    On rejection resample from "opt": P* = norm([target - b * draft]_+), the bias-minimising distribution
+    (Theorem 4; for this b it equals the exact residual), or "uno": the target distribution itself.
+    eps = 0 with "opt" is exactly `speculative_verify`, draw for draw.
+    """
+    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
+    on_target = target_probs[rows, draft_tokens] + eps
+    n = _accepted_prefix(on_target, draft_probs[rows, draft_tokens], generator)
+    if n < draft_tokens.shape[0]:
+        if resample == "opt":
+            b = ((target_probs[n] + eps) / draft_probs[n]).nan_to_num(1.0).clamp_max(1.0)
+            dist = residual(target_probs[n], b * draft_probs[n])
+        else:
+            dist = target_probs[n]
+    elif bonus:
+        dist = target_probs[n]
+    else:
+        return n, None
     return n, torch.multinomial(dist, 1, generator=generator)[0]
