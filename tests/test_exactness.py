@@ -15,7 +15,10 @@ RUNS = 6000
         ("sd", {"gamma": 1}, {}),
         ("sd", {"gamma": 3}, {}),
         ("sd", {"gamma": 2}, {"temperature": 0.7, "top_k": 3, "top_p": 0.9}),
-        ("beam", {"width": 1}, {}),  # beam sampling of width 1 is multinomial sampling
+        ("beam", {"width": 1}, {}),
+        ("batch-sd", {"drafts": 3, "gamma": 2}, {}),
+        ("batch-sd", {"drafts": 2, "gamma": 3, "bonus": False}, {"top_p": 0.8}),
+        ("sd-opt", {"eps": 0.0, "gamma": 2}, {}),  # beam sampling of width 1 is multinomial sampling
     ],
 )
 def test_exact_methods_pass(method, params, sampling):
@@ -33,4 +36,9 @@ def test_sd_without_residual_fails_the_same_check():
 def test_beam_of_width_two_is_not_target_sampling():
     # beam sampling has another law; the checker must say so rather than pass everything
     report = check_method("beam", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, width=2)
+    assert not report.passed
+
+
+def test_sd_opt_with_positive_eps_is_biased():
+    report = check_method("sd-opt", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, gamma=2, eps=0.3)
     assert not report.passed

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ar, beam, sd
+from . import ar, batch_sd, beam, sd
 
 
 @dataclass(frozen=True)
@@ -110,4 +110,9 @@ register(Method("sd-opt", sd.decode_relaxed, needs_draft=True, exact="biased whe
                                      "over-acceptance: accept with min(1, (target + eps) / draft)"),
                         "resample": Param(str, "opt", lambda v: v in ("opt", "uno"), "'opt' or 'uno'",
                                           "on rejection: the optimal residual (opt) or the target (uno)"),
+                        "bonus": Param(bool, True, rule="true or false")}))
+register(Method("batch-sd", batch_sd.decode, needs_draft=True, exact="equals ar in distribution",
+                summary="M independent draft chains verified together (seed 002 batch SD)",
+                params={"drafts": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "number of draft chains M"),
+                        "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per chain"),
                         "bonus": Param(bool, True, rule="true or false")}))

@@ -22,7 +22,9 @@ def decode(s: Session, gamma: int = 4, bonus: bool = True, verify=speculative_ve
         # the bonus token needs a slot too; without bonus, draft up to the budget
         g = min(gamma, s.budget() - 1) if bonus else max(1, min(gamma, s.budget()))
         drafts, draft_probs = _propose(s, g)
-        target_probs = s.sampling.probs(s.target.feed(s.tokens, drafts))
+        # without a bonus token nothing needs the target's distribution after the last draft
+        scored = drafts if bonus else drafts[:-1]
+        target_probs = s.sampling.probs(s.target.feed(s.tokens, scored))
         n, token = verify(target_probs, draft_probs, drafts, s.generator, bonus=bonus)
         new = drafts[:n].tolist() + ([] if token is None else [int(token)])
         s.commit(new, drafted=g, accepted=n, rejected=n < g)
