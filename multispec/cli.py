@@ -67,7 +67,100 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     _sampling_args(c, 1.0)
     c.add_argument("--json", action="store_true")
+    th = sub.add_parser("theory", help="seed 002's theory: the three figures as PNG, exact vs simulated numbers")
+    th.add_argument("--out", default="theory-out", help="folder for the PNG files and theory.json")
+    th.add_argument("--runs", type=int, default=1000, help="simulated generations per decoder")
+    th.add_argument("--vocab", type=int, default=7)
+    th.add_argument("--horizon", type=int, default=50)
+    th.add_argument("--batch", default="4,5", help="batch sizes M simulated with batch-sd")
+    th.add_argument("--seed", type=int, default=0)
+    th.add_argument("--bridge-prompts", type=int, default=0,
+                    help="also predict sd's acceptance and block efficiency on a real pair for this many "
+                         "MT-Bench prompts, and measure it")
+    th.add_argument("--prompts-file", default=None, help="prompts for the bridge (default ../shared/data/mt_bench.jsonl)")
+    th.add_argument("--target", default=None)
+    th.add_argument("--draft", default=None)
+    th.add_argument("--gamma", type=int, default=4)
+    th.add_argument("--max-new-tokens", type=int, default=64)
+    th.add_argument("--temperature", type=float, default=1.0)
+    th.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
     return parser
+
+
+def cmd_theory(args) -> int:
+    from pathlib import Path
+
+    from .theory import figures
+
+    if args.runs < 2 or args.vocab < 2 or args.horizon < 1:
+        raise ValueError("--runs must be >= 2, --vocab >= 2 and --horizon >= 1")
+    try:
+        batch = [int(m) for m in args.batch.split(",") if m.strip()]
+    except ValueError:
+        raise ValueError(f"--batch takes comma-separated integers, got {args.batch!r}") from None
+    if any(m < 1 for m in batch):
+        raise ValueError(f"batch sizes must be >= 1, got {args.batch!r}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    say = (lambda m: None) if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
+    data = figures.compute(args.vocab, args.horizon, args.runs, tuple(batch), args.seed, progress=say)
+    if args.bridge_prompts > 0:
+        data["bridge"] = _bridge(args, say)
+    paths = figures.plot(data, out)
+    if args.json:
+        slim = {k: v for k, v in data.items()}
+        slim["fig_a"] = {k: {kk: vv for kk, vv in d.items() if kk != "running_mean"} for k, d in data["fig_a"].items()}
+        print(json.dumps(slim))
+        return 0
+    print(f"Random non-stationary chains: V={args.vocab}, T={args.horizon}, {args.runs} simulated runs each")
+    for name, d in data["fig_a"].items():
+        print(f"  {name:14s} exact E[N_rej] = {d['exact']:.3f}   simulated {d['simulated_mean']:.3f} "
+              f"± {d['simulated_se']:.3f} (1 s.e.)")
+    sd = data["fig_a"]["sd"]
+    print(f"  acceleration T/E[N_rej] = {sd['acceleration_exact']:.2f}; expected target calls {sd['expected_calls']:.2f}")
+    b = data["fig_b"]
+    print(f"  batch SD: M=1 {b['expected_rejections'][0]:.3f}, M=10 {b['expected_rejections'][9]:.3f}, "
+          f"M=50 {b['expected_rejections'][-1]:.3f}, M=inf {b['limit']:.3f}")
+    print(f"One step, TV = {data['fig_c']['tv']:.3f}: sd-opt measured (rejection, bias) vs exact:")
+    for m in data["fig_c"]["measured"]:
+        print(f"  eps={m['eps']:<5} {m['resample']}: ({m['rejection']:.3f}, {m['bias']:.3f}) "
+              f"exact ({m['exact_rejection']:.3f}, {m['exact_bias']:.3f})")
+    if "bridge" in data:
+        br = data["bridge"]
+        print(f"Bridge on {br['prompts']} prompts (gamma {args.gamma}): mean TV {br['mean_tv']:.3f}; acceptance "
+              f"predicted {br['predicted_acceptance']:.3f} / measured {br['measured_acceptance']:.3f}; "
+              f"block efficiency predicted {br['predicted_tau_positional']:.2f} (positional), "
+              f"{br['predicted_tau_iid']:.2f} (i.i.d.) / measured {br['measured_tau']:.2f}")
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+def _bridge(args, say) -> dict:
+    from pathlib import Path
+
+    from .api import load_pair
+    from .theory.bridge import predict_and_measure, summarise
+    from .warp import Sampling
+
+    path = Path(args.prompts_file) if args.prompts_file else Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench.jsonl"
+    if not path.exists():
+        raise ValueError(f"prompt file {path} does not exist (give one with --prompts-file)")
+    prompts = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            prompts.append(row["turns"][0] if "turns" in row else row["prompt"])
+    prompts = prompts[: args.bridge_prompts]
+    pair = load_pair(args.target, args.draft)
+    say(f"bridge: {len(prompts)} prompts on {' / '.join(pair.description)}")
+    rows = predict_and_measure(pair.target, pair.draft, prompts, gamma=args.gamma,
+                               max_new_tokens=args.max_new_tokens, sampling=Sampling(args.temperature))
+    out = summarise(rows)
+    out["pair"] = pair.description
+    out["gamma"] = args.gamma
+    return out
 
 
 def cmd_generate(args) -> int:
@@ -163,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "check":
             return cmd_check(args)
+        if args.command == "theory":
+            return cmd_theory(args)
     except (ValueError, UsageError) as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

@@ -47,7 +47,10 @@ def compute(vocab: int = 7, horizon: int = 50, runs: int = 2000, batch_sizes=(4,
     uni_d, uni_t = np.full(n_uni, 1 / n_uni), np.r_[np.full(k_uni, 1 / k_uni), np.zeros(n_uni - k_uni)]
     fig_b = {"M": ms, "expected_rejections": by_m, "limit": limit, "sd": sd_exact.total,
              "bernoulli": [float(calc.tv(bern_d, bern_t) - calc.batch_first_token(bern_d, bern_t, m)[0]) for m in ms],
-             "uniform": [float(calc.tv(uni_d, uni_t) - calc.batch_first_token(uni_d, uni_t, m)[0]) for m in ms]}
+             "uniform": [float(calc.tv(uni_d, uni_t) - calc.batch_first_token(uni_d, uni_t, m)[0]) for m in ms],
+             "uniform_reversed": [float(calc.tv(uni_t, uni_d) - calc.batch_first_token(uni_t, uni_d, m)[0])
+                                  for m in ms],
+             "simulated": {m: fig_a[f"batch-sd M={m}"]["simulated_mean"] for m in batch_sizes}}
 
     # one step: a random pair, the front, random template algorithms, and measured sd-opt points
     d1, t1 = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
@@ -105,6 +108,10 @@ def plot(data: dict, out: Path) -> list[Path]:
     b = data["fig_b"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.plot(b["M"], b["expected_rejections"], "o-", ms=3, label="Theorem 3")
+    sim = b["simulated"]
+    if sim:
+        ax1.scatter([int(m) for m in sim], list(sim.values()), marker="x", color="tab:red", zorder=3, s=40,
+                    label="batch-sd simulated")
     ax1.axhline(b["limit"], color="k", ls="--", lw=1, label=f"M → ∞ limit {b['limit']:.3f}")
     ax1.axhline(b["sd"], color="tab:green", ls=":", lw=1, label=f"SD (M = 1) {b['sd']:.3f}")
     ax1.set_xlabel("batch size M")
@@ -113,6 +120,7 @@ def plot(data: dict, out: Path) -> list[Path]:
     ax1.legend(fontsize=8)
     ax2.plot(b["M"], b["bernoulli"], "o-", ms=3, label="Bernoulli draft 0.3, target 0.7")
     ax2.plot(b["M"], b["uniform"], "s-", ms=3, label="draft Unif(10), target Unif(4 ⊂ 10)")
+    ax2.plot(b["M"], b["uniform_reversed"], "^-", ms=3, label="draft Unif(4 ⊂ 10), target Unif(10): none")
     ax2.set_xlabel("batch size M")
     ax2.set_ylabel("batch improvement TV − ρ_M (one step)")
     ax2.set_title("B. Diminishing returns of batching")
