@@ -84,7 +84,74 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--max-new-tokens", type=int, default=64)
     th.add_argument("--temperature", type=float, default=1.0)
     th.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+    b = sub.add_parser("bench", help="benchmark methods on prompt sets: tokens/s, speed-up, quality, energy; "
+                       "writes results.jsonl, summary.json, report.md and plots")
+    b.add_argument("--prompts", action="append", default=None, metavar="FILE",
+                   help="Spec-Bench JSONL, JSON list of strings, or JSONL with 'prompt' (repeatable; "
+                        "default ../shared/data/mt_bench.jsonl)")
+    b.add_argument("--categories", action="append", default=None, metavar="A,B", help="only these categories")
+    b.add_argument("--limit", type=int, default=None, help="at most N prompts from each file (after --categories)")
+    b.add_argument("--method", action="append", default=None, metavar="SPEC",
+                   help="repeatable, parameters after a colon: --method sd:gamma=4; hf and hf-assisted are "
+                        "transformers' generate (default: every method at its defaults, hf, hf-assisted)")
+    b.add_argument("--baseline", default="ar", help="speed-ups are against this method (added if not listed)")
+    b.add_argument("--temperature", action="append", type=float, default=None, help="repeatable (default 0)")
+    b.add_argument("--top-k", type=int, default=0)
+    b.add_argument("--top-p", type=float, default=1.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
+    b.add_argument("--target", default=None)
+    b.add_argument("--draft", default=None)
+    b.add_argument("--device", default=None)
+    b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
+    b.add_argument("--out", default="bench-out", help="output folder (default %(default)s)")
+    b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
+    b.add_argument("--force", action="store_true", help="discard an earlier results.jsonl in --out")
+    b.add_argument("--no-warmup", action="store_true")
+    b.add_argument("--preset", default=None, help="smoke: 5 prompts, ar / sd:gamma=4 / hf / hf-assisted, "
+                   "32 tokens, greedy (a couple of minutes on a CPU)")
     return parser
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    preset = bench.PRESETS.get(args.preset, {}) if args.preset else {}
+    if args.preset and not preset:
+        raise ValueError(f"unknown preset {args.preset!r}; presets: {', '.join(bench.PRESETS)}")
+    categories = [c.strip() for item in args.categories or [] for c in item.split(",") if c.strip()] or None
+    # everything that needs no model is checked before the models load
+    if args.prompts or not args.preset:
+        prompts = bench.load_prompts(args.prompts or [bench.default_prompt_file()], categories, args.limit)
+    else:
+        prompts = bench.select_prompts([bench.preset_prompts(args.preset)], categories, args.limit)
+    temperatures = args.temperature or preset.get("temperatures", [0.0])
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else preset.get("max_new_tokens", 128)
+    methods = args.method or preset.get("methods") or bench.default_methods(
+        with_draft=args.draft is not None or args.target is None)
+    bench.plan(methods, args.baseline)
+    bench.check_settings(temperatures, max_new, args.top_k, args.top_p)
+    bench.prepare_out(args.out, args.resume, args.force)
+
+    from .api import load_pair
+
+    pair = load_pair(args.target, args.draft, device=args.device)
+    print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
+          f"{' / '.join(pair.description)} -> {args.out}", file=sys.stderr)
+    summary = bench.run_bench(
+        pair.target, pair.draft, prompts, methods, args.out, temperatures=temperatures, max_new_tokens=max_new,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat, baseline=args.baseline,
+        resume=args.resume, force=args.force, warmup=not args.no_warmup, models=pair.description,
+    )
+    base = summary["meta"]["baseline"]
+    for t, data in summary["temperatures"].items():
+        print(f"temperature {float(t):g}:")
+        for name, s in data["methods"].items():
+            tps = s["tokens_per_second"]["median"] if s["tokens_per_second"] else float("nan")
+            up = s["speedup"]["median"] if s["speedup"] else float("nan")
+            print(f"  {name:24s} {tps:7.1f} tokens/s  {up:5.2f}x {base}  ({s['prompts']} ok, {s['errors']} errors)")
+    print(f"wrote {args.out}/report.md, summary.json, results.jsonl, speedup.png, quality_speed.png")
+    return 0
 
 
 def cmd_theory(args) -> int:
@@ -258,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "theory":
             return cmd_theory(args)
+        if args.command == "bench":
+            return cmd_bench(args)
     except (ValueError, UsageError) as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

@@ -1,0 +1,323 @@
+"""The run loop: methods x prompts x temperatures on one model pair, one row per generation appended to
+results.jsonl as soon as it is done (an interrupted run loses at most the generation in flight and
+`resume=True` continues it).
+
+Methods come from the registry `multispec.decoding.METHODS` (so methods added later are benchmarkable
+as they are) plus two baselines from outside the project: `hf` (transformers' `generate`) and
+`hf-assisted` (`generate` with `assistant_model` = the draft).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..api import generate
+from ..decoding import METHODS
+from ..models.base import LanguageModel
+from ..warp import Sampling
+from . import metrics
+from .energy import Meter, pick_meter
+from .prompts import Prompt
+
+BASELINES = {
+    "hf": "transformers generate() on the target alone",
+    "hf-assisted": "transformers generate() with assistant_model = the draft (its assisted decoding)",
+}
+RESULTS = "results.jsonl"
+# what a measured row holds beyond its key; a failed row holds them as None (one schema for every row)
+MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft_calls", "block_efficiency",
+            "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
+            "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    label: str  # as shown in the report: "sd:gamma=4"
+    name: str  # registry name, or "hf" / "hf-assisted"
+    params: dict[str, Any] = field(default_factory=dict)  # resolved (defaults filled in)
+    needs_draft: bool = False
+
+
+def parse_method_spec(text: str) -> MethodSpec:
+    """'sd:gamma=4,bonus=false' -> MethodSpec, checked against the registry (or a baseline) without a model."""
+    name, _, rest = text.strip().partition(":")
+    given: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"method parameters take KEY=VALUE, got {item!r} in {text!r}")
+        given[key.strip().replace("-", "_")] = value.strip()
+    label = name + (":" + ",".join(f"{k}={v}" for k, v in given.items()) if given else "")
+    if name in BASELINES:
+        if given:
+            raise ValueError(f"the baseline {name!r} takes no parameters, got {', '.join(given)}")
+        return MethodSpec(label, name, {}, needs_draft=name == "hf-assisted")
+    if name not in METHODS:
+        known = ", ".join([*sorted(METHODS), *BASELINES])
+        raise ValueError(f"unknown method {name!r}; known methods: {known}")
+    method = METHODS[name]
+    return MethodSpec(label, name, method.resolve(given), method.needs_draft)
+
+
+def default_methods(with_draft: bool = True) -> list[str]:
+    """Every registered method at its defaults, then the hf baselines (those needing a draft only with one)."""
+    names = [*sorted(METHODS, key=lambda n: (n != "ar", n)), *BASELINES]
+    return [n for n in names if with_draft or not _needs_draft(n)]
+
+
+def _needs_draft(name: str) -> bool:
+    return name == "hf-assisted" if name in BASELINES else METHODS[name].needs_draft
+
+
+def plan(methods: list[str | MethodSpec], baseline: str = "ar") -> tuple[list[MethodSpec], str]:
+    """Parse the method specs; the baseline (a label, or a method name) is added first when not listed.
+    Returns (specs, the baseline's label)."""
+    specs = [m if isinstance(m, MethodSpec) else parse_method_spec(m) for m in methods]
+    labels = [s.label for s in specs]
+    for lab in labels:
+        if labels.count(lab) > 1:
+            raise ValueError(f"method {lab!r} is listed twice")
+    match = [s for s in specs if s.label == baseline] or [s for s in specs if s.name == baseline]
+    if match:
+        return specs, match[0].label
+    base = parse_method_spec(baseline)
+    return [base, *specs], base.label
+
+
+def check_settings(temperatures, max_new_tokens, top_k, top_p) -> None:
+    if not temperatures:
+        raise ValueError("give at least one temperature")
+    for t in temperatures:
+        Sampling(t, top_k, top_p)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+
+
+def prepare_out(out: str | Path, resume: bool = False, force: bool = False) -> Path:
+    """The output folder, checked before any model is loaded."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    results = out / RESULTS
+    if results.exists() and not (resume or force):
+        raise ValueError(f"{results} exists: pass --resume to continue that run, --force to start again, "
+                         "or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if force and not resume and results.exists():
+        results.unlink()
+    return out
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """The rows of a results.jsonl. A cut last line (the run was killed while writing it) is dropped from
+    the file, so that appending continues cleanly; a bad line elsewhere is an error."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                path.write_text("".join(lines[:-1]), encoding="utf-8")
+                break
+            raise ValueError(f"{path} line {n} is not valid JSON; it is not a results file of this harness") from None
+    return rows
+
+
+def row_key(prompt_id: str, method: str, temperature: float) -> tuple[str, str, float]:
+    return (prompt_id, method, float(temperature))
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """One seed per prompt, the same for every method and temperature (paired comparisons), and stable
+    when --limit or --categories change which prompts run."""
+    return zlib.crc32(f"{seed}:{prompt_id}".encode())
+
+
+def run_bench(
+    target: LanguageModel,
+    draft: LanguageModel | None,
+    prompts: list[Prompt],
+    methods: list[str | MethodSpec] | None = None,
+    out: str | Path = "bench-out",
+    *,
+    temperatures: list[float] = (0.0,),
+    max_new_tokens: int = 128,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool = True,
+    baseline: str = "ar",
+    resume: bool = False,
+    force: bool = False,
+    warmup: bool = True,
+    meter: Meter | None | str = "auto",
+    progress: bool = True,
+    models: dict[str, str] | None = None,
+) -> dict:
+    """Run the benchmark, write results.jsonl, summary.json, report.md and the plots in `out`; return the
+    summary. `meter="auto"` picks a readable energy counter for the target's device, None measures none."""
+    from .report import write_report
+
+    specs, base_label = plan(methods if methods is not None else default_methods(draft is not None), baseline)
+    check_settings(list(temperatures), max_new_tokens, top_k, top_p)
+    if not prompts:
+        raise ValueError("no prompts to run")
+    if draft is None:
+        needing = [s.label for s in specs if s.needs_draft]
+        if needing:
+            raise ValueError(f"method {needing[0]!r} needs a draft model; none was given")
+    out = prepare_out(out, resume, force)
+    settings = {"target": target.name, "draft": draft.name if draft is not None else None,
+                "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "seed": seed, "chat": chat}
+    results = out / RESULTS
+    done = set()
+    for row in read_results(results) if resume else []:
+        if row.get("settings") != settings:
+            old = row.get("settings") or {}
+            diff = ", ".join(f"{k} {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v)
+            raise ValueError(f"{results} was made with other settings ({diff}); use another --out for these")
+        done.add(row_key(row["prompt_id"], row["method"], row["temperature"]))
+    if meter == "auto":
+        meter = pick_meter(str(target.device))
+
+    todo = [(t, p, s) for t in temperatures for p in prompts for s in specs
+            if row_key(p.id, s.label, t) not in done]
+    ids_cache: dict[str, list[int]] = {}
+    if warmup:  # first calls pay for lazy initialisation; keep that out of the measurements
+        for spec in {s.label: s for _, _, s in todo}.values():
+            try:
+                ids = _prompt_ids(target, prompts[0], chat, ids_cache)
+                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(temperatures[0], top_k, top_p), 0)
+            except Exception:  # the same failure is recorded on the measured rows
+                pass
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), file=sys.stderr, disable=not progress, unit="gen", dynamic_ncols=True)
+    with open(results, "a", encoding="utf-8") as log:
+        for t, prompt, spec in todo:
+            bar.set_postfix_str(f"T={t:g} {spec.label} {prompt.id}", refresh=False)
+            row = {"prompt_id": prompt.id, "category": prompt.category, "method": spec.label,
+                   "method_name": spec.name, "params": spec.params, "temperature": float(t),
+                   "seed": prompt_seed(seed, prompt.id)}
+            try:
+                ids = _prompt_ids(target, prompt, chat, ids_cache)
+                row.update(_measure(spec, target, draft, ids, prompt.reference, max_new_tokens,
+                                    Sampling(t, top_k, top_p), row["seed"], meter))
+                row["error"] = None
+            except Exception as e:  # one method failing on one prompt must not end the run
+                row.update(dict.fromkeys(MEASURED))
+                row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())}"
+            row["settings"] = settings
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            bar.update(1)
+    bar.close()
+
+    meta = {"settings": settings, "models": models or {}, "baseline": base_label,
+            "methods": [s.label for s in specs], "temperatures": [float(t) for t in temperatures],
+            "prompts": len(prompts), "meter": meter.name if meter is not None else None,
+            "device": str(target.device), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+    return write_report(out, read_results(results), meta)
+
+
+def _prompt_ids(target: LanguageModel, prompt: Prompt, chat: bool, cache: dict) -> list[int]:
+    if prompt.id not in cache:
+        cache[prompt.id] = target.encode(prompt.text, chat=chat) if isinstance(prompt.text, str) else list(prompt.text)
+    return cache[prompt.id]
+
+
+def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed, meter) -> dict:
+    _sync(target)
+    before = meter.read() if meter is not None else None
+    tokens, stats = _generate(spec, target, draft, ids, max_new_tokens, sampling, seed)
+    _sync(target)
+    energy = meter.joules(before, meter.read()) if meter is not None else None
+    n = len(tokens)
+    text = target.decode(tokens)
+    row = {
+        "new_tokens": n,
+        "seconds": stats["seconds"],
+        "tokens_per_second": n / stats["seconds"] if stats["seconds"] > 0 else None,
+        "target_calls": stats["target_calls"],
+        "draft_calls": stats["draft_calls"],
+        "block_efficiency": n / stats["target_calls"] if stats["target_calls"] else None,
+        "acceptance_rate": stats.get("acceptance_rate"),
+        "stopped": stats.get("stopped"),
+        "mean_logprob": metrics.mean_logprob(target, ids, tokens),  # outside the timed call
+        "energy_j": energy,
+        "j_per_token": energy / n if energy is not None and n else None,
+        "reference": reference,
+        "rouge_l": None, "bleu": None, "exact_match": None,
+    }
+    row["perplexity"] = metrics.perplexity([row["mean_logprob"]])
+    if reference is not None and text is not None:
+        row.update(rouge_l=metrics.rouge_l(text, reference), bleu=metrics.bleu(text, reference),
+                   exact_match=metrics.exact_match(text, reference))
+    row.update(text=text, token_ids=tokens, prompt_tokens=len(ids))
+    return row
+
+
+def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed) -> tuple[list[int], dict]:
+    if spec.name in BASELINES:
+        return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed)
+    r = generate(target, draft if spec.needs_draft else None, ids, method=spec.name, max_new_tokens=max_new_tokens,
+                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
+                 **spec.params)
+    return r.token_ids, r.stats
+
+
+def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int):
+    """transformers' own generate() on the target's underlying model (with the draft as assistant_model when
+    given), timed like `multispec.generate` (prefill included). Forward calls are counted with hooks."""
+    from ..models.hf import HFModel
+
+    if not isinstance(target, HFModel) or (draft is not None and not isinstance(draft, HFModel)):
+        raise ValueError("the hf baselines need Hugging Face models (HFModel)")
+    inputs = torch.tensor([ids], device=target.device)
+    if sampling.greedy:
+        kwargs = {"do_sample": False}
+    else:  # top_k=0 turns off transformers' default top-k of 50
+        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,
+                  "top_p": sampling.top_p}
+    if draft is not None:
+        kwargs["assistant_model"] = draft.model
+    calls = {"target": 0, "draft": 0}
+    hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
+             for k, m in (("target", target), ("draft", draft)) if m is not None]
+    torch.manual_seed(seed)
+    try:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
+                                        pad_token_id=target.eos_token_id if target.eos_token_id is not None else 0,
+                                        **kwargs)
+        _sync(target)
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in hooks:
+            h.remove()
+    tokens = out[0, len(ids):].tolist()
+    stopped = "eos" if tokens and tokens[-1] == target.eos_token_id else "length"
+    return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
+                    "acceptance_rate": None, "stopped": stopped}
+
+
+def _sync(model: LanguageModel) -> None:
+    if getattr(model.device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(model.device)

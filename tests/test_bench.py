@@ -1,0 +1,401 @@
+"""The evaluation harness: prompt formats, the run loop (append, resume, errors), metrics, energy meters,
+the report, and the command line. Tiny random Llamas keep it fast; one test runs the real default pair."""
+
+import json
+import math
+import struct
+
+import pytest
+import torch
+
+from multispec import MarkovLM
+from multispec.bench import (
+    Meter,
+    NVMLMeter,
+    RAPLMeter,
+    default_methods,
+    load_prompts,
+    metrics,
+    pick_meter,
+    read_results,
+    run_bench,
+)
+from multispec.cli import main
+from multispec.decoding import METHODS, Method, ar
+from tests.conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    # the draft is the target with small noise on its output layer: it agrees often, not always
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=0)
+    with torch.no_grad():
+        draft.model.lm_head.weight.add_(torch.randn_like(draft.model.lm_head.weight) * 0.3)
+    return target, draft
+
+
+def id_prompts(tmp_path, n=4, name="ids.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"prompt": [3 + i, 10, 20 + i], "category": ["a", "b"][i % 2]}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def bench(pair, prompts, out, methods=("ar", "sd:gamma=3"), **kw):
+    kw = {"max_new_tokens": 6, "progress": False, "meter": None, "warmup": False, **kw}
+    return run_bench(pair[0], pair[1], prompts, list(methods), out, **kw)
+
+
+# -- prompt sets ---------------------------------------------------------------------------------
+
+def test_three_prompt_formats_in_file_order(tmp_path):
+    spec = tmp_path / "mt.jsonl"
+    spec.write_text(
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["Write.", "Rewrite."]}) + "\n\n"
+        + json.dumps({"question_id": 101, "category": "reasoning", "turns": ["Who?", "Why?"],
+                      "reference": ["Second place.", "Uncertain."]}) + "\n")
+    wmt = tmp_path / "wmt.json"
+    wmt.write_text(json.dumps(["Translate: a\nOutput: ", "Translate: b\nOutput: "]))
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "2+2?", "reference": "4", "id": "q1"}) + "\n"
+                     + json.dumps({"prompt": [1, 2, 3]}) + "\n")
+    ps = load_prompts([spec, wmt, plain])
+    assert [p.id for p in ps] == ["mt:81", "mt:101", "wmt:0", "wmt:1", "plain:q1", "plain:1"]
+    assert [p.category for p in ps] == ["writing", "reasoning", "wmt", "wmt", "plain", "plain"]
+    assert ps[0].text == "Write." and ps[1].text == "Who?"  # first turn only
+    assert [p.reference for p in ps] == [None, "Second place.", None, None, "4", None]
+    assert ps[5].text == [1, 2, 3]
+
+
+def test_categories_filter_then_limit_per_file(tmp_path):
+    rows = [{"question_id": i, "category": "xyz"[i % 3], "turns": [f"q{i}"]} for i in range(9)]
+    a = tmp_path / "a.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in rows))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(["w0", "w1", "w2"]))
+    assert [p.id for p in load_prompts([a], categories=["y"])] == ["a:1", "a:4", "a:7"]
+    assert [p.id for p in load_prompts([a], categories=["y", "z"], limit=3)] == ["a:1", "a:2", "a:4"]
+    assert [p.id for p in load_prompts([a, b], limit=2)] == ["a:0", "a:1", "b:0", "b:1"]
+    with pytest.raises(ValueError, match="unknown category 'w'.*x, y, z"):
+        load_prompts([a], categories=["w"])
+    with pytest.raises(ValueError, match="occurs twice"):
+        load_prompts([a, a])
+    with pytest.raises(ValueError, match="limit must be an integer >= 1, got 0"):
+        load_prompts([a], limit=0)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"turns": ["ok"]}\n{"turns": ["cut"', "line 2 is not valid JSON"),
+    ('{"question": "no prompt field"}\n', "line 1 has neither 'turns'"),
+    ('{"prompt": ""}\n', "'prompt' must be a non-empty string"),
+    ('{"turns": []}\n', "'turns' must be a list"),
+    ('["fine", 3]', "list of non-empty strings"),
+    ('["unclosed", ', "not valid JSON"),
+    ("   \n", "is empty"),
+])
+def test_malformed_prompt_files(tmp_path, content, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=needle):
+        load_prompts([path])
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(ValueError, match="nope.jsonl does not exist"):
+        load_prompts([tmp_path / "nope.jsonl"])
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+def test_perplexity_is_the_unwarped_target_likelihood_by_hand():
+    table = [[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]
+    target = MarkovLM(table)
+    lp = metrics.mean_logprob(target, [0], [1, 1, 2])
+    expected = (math.log(0.25) + math.log(0.8) + math.log(0.1)) / 3
+    assert lp == pytest.approx(expected, abs=1e-12)
+    assert metrics.perplexity([lp]) == pytest.approx((0.25 * 0.8 * 0.1) ** (-1 / 3))
+    # seed 000's aggregate: exp of minus the mean of per-output means, not token-weighted
+    assert metrics.perplexity([math.log(0.5), math.log(0.125)]) == pytest.approx(4.0)
+    assert metrics.mean_logprob(target, [0], []) is None and metrics.perplexity([None]) is None
+
+
+def test_perplexity_on_a_tiny_llama_matches_prefix_by_prefix_scoring():
+    model = tiny_llama(seed=3)
+    prompt, output = [5, 9, 2], [7, 7, 30, 1]
+    ref = []
+    for i, tok in enumerate(output):  # no cache, one prefix at a time: a different code path
+        logits = model.model(torch.tensor([prompt + output[:i]])).logits[0, -1].double()
+        ref.append(torch.log_softmax(logits, -1)[tok].item())
+    assert metrics.mean_logprob(model, prompt, output) == pytest.approx(sum(ref) / len(ref), abs=1e-5)
+
+
+def test_text_metrics_on_known_strings():
+    # LCS("the cat sat on the mat", "the cat on the mat") = 5 words: P = 5/6, R = 1, F = 10/11
+    assert metrics.rouge_l("the cat sat on the mat", "the cat on the mat") == pytest.approx(10 / 11)
+    assert metrics.rouge_l("dogs bark", "the cat on the mat") == 0.0
+    assert metrics.bleu("Das Haus ist klein.", "Das Haus ist klein.") == pytest.approx(100.0)
+    assert metrics.bleu("völlig anders hier", "Das Haus ist klein.") < 10
+    assert metrics.corpus_bleu(["a b c d e"], ["a b c d e"]) == pytest.approx(100.0)
+    assert metrics.exact_match("The answer: Washington, DC.", "answer washington dc") == 1.0
+    assert metrics.exact_match("Washington", "Washington, DC") == 0.0
+    s = metrics.spread([4.0, 1.0, None, 3.0, 2.0])
+    assert s == {"median": 2.5, "q1": 1.75, "q3": 3.25, "n": 4}
+
+
+# -- energy --------------------------------------------------------------------------------------
+
+def fake_powercap(root, packages):
+    for i, (energy, span) in enumerate(packages):
+        zone = root / f"intel-rapl:{i}"
+        zone.mkdir(parents=True)
+        (zone / "energy_uj").write_text(f"{energy}\n")
+        (zone / "max_energy_range_uj").write_text(f"{span}\n")
+        sub = root / f"intel-rapl:{i}:0"  # a core sub-zone: part of the package, must not be added again
+        sub.mkdir()
+        (sub / "energy_uj").write_text("999999\n")
+        (sub / "max_energy_range_uj").write_text(f"{span}\n")
+
+
+def test_rapl_reads_packages_and_survives_wraparound(tmp_path):
+    fake_powercap(tmp_path, [(900_000, 1_000_000), (5_000_000, 262_143_328_850)])
+    meter = pick_meter("cpu", rapl_root=tmp_path)
+    assert isinstance(meter, RAPLMeter) and len(meter.zones) == 2 and "2 packages" in meter.name
+    before = meter.read()
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("100000\n")  # wrapped: 900000 -> 1e6 -> 100000
+    (tmp_path / "intel-rapl:1" / "energy_uj").write_text("7500000\n")
+    assert meter.joules(before, meter.read()) == pytest.approx(0.2 + 2.5)
+
+
+def test_no_readable_meter_means_unavailable(tmp_path):
+    assert pick_meter("cpu", rapl_root=tmp_path / "no-powercap") is None
+    try:
+        NVMLMeter()
+        nvml = True
+    except Exception:
+        nvml = False
+    found = pick_meter("cuda", rapl_root=tmp_path / "no-powercap")
+    assert (found is not None) == nvml and (found is None or isinstance(found, NVMLMeter))
+
+
+class SteppingMeter(Meter):
+    """A stand-in for hardware this machine lacks: the counter advances 1.5 J per reading."""
+    name = "test counter"
+
+    def __init__(self):
+        self.value = 0.0
+
+    def read(self):
+        self.value += 1.5
+        return [self.value]
+
+    def joules(self, before, after):
+        return after[0] - before[0]
+
+
+def test_energy_per_token_or_unavailable_in_the_report(tmp_path, tiny_pair):
+    prompts = load_prompts([id_prompts(tmp_path, 2)])
+    summary = bench(tiny_pair, prompts, tmp_path / "e", methods=["ar"], meter=SteppingMeter())
+    rows = read_results(tmp_path / "e" / "results.jsonl")
+    assert all(r["energy_j"] == pytest.approx(1.5) and r["j_per_token"] == pytest.approx(1.5 / 6) for r in rows)
+    assert summary["temperatures"]["0.0"]["methods"]["ar"]["j_per_token"] == pytest.approx(0.25)
+    assert "energy: test counter" in (tmp_path / "e" / "report.md").read_text()
+    bench(tiny_pair, prompts, tmp_path / "n", methods=["ar"], meter=None)
+    md = (tmp_path / "n" / "report.md").read_text()
+    assert "energy: **unavailable**" in md and "| unavailable |" in md
+    assert all(r["energy_j"] is None for r in read_results(tmp_path / "n" / "results.jsonl"))
+
+
+# -- the run loop --------------------------------------------------------------------------------
+
+def test_rows_report_and_plots(tmp_path, tiny_pair):
+    prompts = load_prompts([id_prompts(tmp_path, 4)])
+    out = tmp_path / "out"
+    summary = bench(tiny_pair, prompts, out, methods=["sd:gamma=3", "hf", "hf-assisted"], temperatures=[0, 1])
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == 2 * 4 * 4  # temperatures x prompts x (ar added as baseline + 3)
+    assert [r["method"] for r in rows[:4]] == ["ar", "sd:gamma=3", "hf", "hf-assisted"]
+    assert not any(r["error"] for r in rows)
+    greedy = {(r["prompt_id"], r["method"]): r for r in rows if r["temperature"] == 0}
+    for p in prompts:
+        ar_row = greedy[(p.id, "ar")]
+        assert ar_row["target_calls"] == ar_row["new_tokens"] == 6
+        for m in ("sd:gamma=3", "hf", "hf-assisted"):  # greedy: every implementation gives ar's tokens
+            assert greedy[(p.id, m)]["token_ids"] == ar_row["token_ids"], m
+            assert greedy[(p.id, m)]["mean_logprob"] == pytest.approx(ar_row["mean_logprob"], abs=1e-5)
+        assert greedy[(p.id, "hf")]["target_calls"] == 6  # counted by the forward hook
+        assert greedy[(p.id, "sd:gamma=3")]["block_efficiency"] == pytest.approx(
+            6 / greedy[(p.id, "sd:gamma=3")]["target_calls"])
+    t0 = summary["temperatures"]["0.0"]
+    assert t0["methods"]["ar"]["speedup"]["median"] == 1.0
+    assert t0["methods"]["sd:gamma=3"]["acceptance_rate"] is not None
+    assert t0["methods"]["hf"]["acceptance_rate"] is None
+    assert set(t0["categories"]) == {"a", "b"}
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["temperatures"]["1.0"]["methods"]["hf-assisted"]["prompts"] == 4
+    md = (out / "report.md").read_text()
+    assert "## Temperature 0 (greedy)" in md and "## Temperature 1" in md and "prefill included" in md
+    assert "| sd:gamma=3 | 4 / 0 |" in md and "Fastest" in md
+    for png in ("speedup.png", "quality_speed.png"):
+        head = (out / png).read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24])[0] > 300
+
+
+def test_same_seed_same_rows(tmp_path, tiny_pair):
+    prompts = load_prompts([id_prompts(tmp_path, 2)])
+    for name in ("x", "y"):
+        bench(tiny_pair, prompts, tmp_path / name, methods=["sd:gamma=2", "hf"], temperatures=[1.0], seed=7)
+    x, y = (read_results(tmp_path / n / "results.jsonl") for n in ("x", "y"))
+    assert [r["token_ids"] for r in x] == [r["token_ids"] for r in y]
+
+
+def test_results_are_appended_per_prompt_and_resume_skips_finished_rows(tmp_path, tiny_pair, monkeypatch):
+    calls = {"n": 0, "stop_at": 3}
+
+    def interrupted(session, **_):  # a registry method that is stopped by the user on its third prompt
+        calls["n"] += 1
+        if calls["n"] == calls["stop_at"]:
+            raise KeyboardInterrupt
+        ar.decode(session)
+
+    monkeypatch.setitem(METHODS, "flaky", Method("flaky", interrupted, needs_draft=False, exact="", summary=""))
+    prompts = load_prompts([id_prompts(tmp_path, 4)])
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        bench(tiny_pair, prompts, out, methods=["flaky"])
+    rows = read_results(out / "results.jsonl")
+    assert [(r["prompt_id"], r["method"]) for r in rows] == [
+        ("ids:0", "ar"), ("ids:0", "flaky"), ("ids:1", "ar"), ("ids:1", "flaky"), ("ids:2", "ar")]
+    with pytest.raises(ValueError, match="exists: pass --resume"):
+        bench(tiny_pair, prompts, out, methods=["flaky"])
+    calls["stop_at"] = None
+    bench(tiny_pair, prompts, out, methods=["flaky"], resume=True)
+    after = read_results(out / "results.jsonl")
+    assert after[:5] == rows  # finished rows were neither rerun nor rewritten
+    keys = [(r["prompt_id"], r["method"]) for r in after]
+    assert len(keys) == 8 and len(set(keys)) == 8
+    assert calls["n"] == 3 + 2  # the interrupted call, then only prompts 2 and 3
+    # more prompts later: only the new ones run
+    bench(tiny_pair, load_prompts([id_prompts(tmp_path, 6)]), out, methods=["flaky"], resume=True)
+    assert len(read_results(out / "results.jsonl")) == 12 and calls["n"] == 7
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        bench(tiny_pair, prompts, out, methods=["flaky"], resume=True, max_new_tokens=5)
+
+
+def test_a_cut_last_line_is_dropped_on_resume(tmp_path, tiny_pair):
+    prompts = load_prompts([id_prompts(tmp_path, 2)])
+    out = tmp_path / "out"
+    bench(tiny_pair, prompts, out, methods=["ar"])
+    path = out / "results.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + whole.splitlines()[0][:40])  # killed while writing a row
+    bench(tiny_pair, load_prompts([id_prompts(tmp_path, 3)]), out, methods=["ar"], resume=True)
+    assert [r["prompt_id"] for r in read_results(path)] == ["ids:0", "ids:1", "ids:2"]
+
+
+def test_a_method_that_fails_on_one_prompt_is_an_error_row_and_the_run_goes_on(tmp_path, tiny_pair, monkeypatch):
+    def fragile(session, **_):
+        if session.tokens[0] == 4:  # the second prompt
+            raise RuntimeError("cannot handle this prompt")
+        ar.decode(session)
+
+    monkeypatch.setitem(METHODS, "fragile", Method("fragile", fragile, needs_draft=False, exact="", summary=""))
+    assert "fragile" in default_methods()  # registered methods appear in the harness without changes to it
+    prompts = load_prompts([id_prompts(tmp_path, 3)])
+    summary = bench(tiny_pair, prompts, tmp_path / "out", methods=["fragile"])
+    rows = read_results(tmp_path / "out" / "results.jsonl")
+    assert len(rows) == 6
+    bad = [r for r in rows if r["error"]]
+    assert [(r["prompt_id"], r["method"]) for r in bad] == [("ids:1", "fragile")]
+    assert bad[0]["error"] == "RuntimeError: cannot handle this prompt" and bad[0]["new_tokens"] is None
+    s = summary["temperatures"]["0.0"]["methods"]["fragile"]
+    assert s["prompts"] == 2 and s["errors"] == 1
+    assert "fragile: 1 failed — RuntimeError: cannot handle this prompt" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("methods, kw, needle", [
+    (["nope"], {}, "unknown method 'nope'; known methods: .*hf-assisted"),
+    (["sd:gamma=x"], {}, "gamma must be an integer, got 'x'"),
+    (["sd:depth=2"], {}, "has no parameter 'depth'"),
+    (["sd:gamma"], {}, "KEY=VALUE"),
+    (["hf:gamma=2"], {}, "takes no parameters"),
+    (["ar", "ar"], {}, "listed twice"),
+    (["ar"], {"temperatures": [-1]}, "temperature must be >= 0"),
+    (["ar"], {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+])
+def test_library_rejects_bad_runs(tmp_path, tiny_pair, methods, kw, needle):
+    prompts = load_prompts([id_prompts(tmp_path, 1)])
+    with pytest.raises(ValueError, match=needle):
+        bench(tiny_pair, prompts, tmp_path / "out", methods=methods, **kw)
+    assert not (tmp_path / "out").exists()  # nothing was run or written
+
+
+def test_library_rejects_an_output_folder_that_is_a_file_and_a_missing_draft(tmp_path, tiny_pair):
+    prompts = load_prompts([id_prompts(tmp_path, 1)])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        bench(tiny_pair, prompts, tmp_path / "file", methods=["ar"])
+    with pytest.raises(ValueError, match="'hf-assisted' needs a draft"):
+        bench((tiny_pair[0], None), prompts, tmp_path / "o", methods=["hf-assisted"])
+
+
+# -- command line --------------------------------------------------------------------------------
+
+def cli_error(capsys, *args):
+    code = main(["bench", *map(str, args)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("multispec: error: "), err
+    return err
+
+
+def test_cli_bad_input_gives_one_line_and_status_2(tmp_path, capsys):
+    good = id_prompts(tmp_path, 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\nnot json\n')
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "out"
+    assert "missing.jsonl does not exist" in cli_error(capsys, "--prompts", tmp_path / "missing.jsonl", "--out", out)
+    assert "line 2 is not valid JSON" in cli_error(capsys, "--prompts", bad, "--out", out)
+    assert "unknown method 'magic'" in cli_error(capsys, "--prompts", good, "--method", "magic", "--out", out)
+    assert "gamma must be an integer, got '2.5'" in cli_error(capsys, "--prompts", good, "--method", "sd:gamma=2.5",
+                                                             "--out", out)
+    assert "is a file, not a folder" in cli_error(capsys, "--prompts", good, "--out", tmp_path / "file")
+    assert "unknown preset 'huge'" in cli_error(capsys, "--preset", "huge", "--out", out)
+    assert "unknown category 'z'" in cli_error(capsys, "--prompts", good, "--categories", "z", "--out", out)
+    assert not out.exists()
+
+
+def test_cli_end_to_end_on_saved_tiny_models(tmp_path, tiny_pair, capsys):
+    for name, model in zip(("target", "draft"), tiny_pair, strict=True):
+        model.model.save_pretrained(tmp_path / name)
+    prompts = id_prompts(tmp_path, 2)
+    args = ["bench", "--prompts", str(prompts), "--target", str(tmp_path / "target"), "--draft",
+            str(tmp_path / "draft"), "--method", "sd:gamma=2", "--method", "hf", "--max-new-tokens", "5",
+            "--out", str(tmp_path / "out"), "--limit", "1", "--no-warmup"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "sd:gamma=2" in printed and "tokens/s" in printed and "report.md" in printed
+    assert len(read_results(tmp_path / "out" / "results.jsonl")) == 3
+    assert main(args[:-3] + ["--limit", "2", "--resume"]) == 0  # one more prompt, three more rows
+    assert len(read_results(tmp_path / "out" / "results.jsonl")) == 6
+
+
+# -- the real default pair -----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_default_pair_one_prompt(tmp_path, default_pair):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"prompt": "What is the capital of France? Answer in one word.",
+                                "reference": "Paris", "category": "qa"}) + "\n")
+    summary = run_bench(default_pair.target, default_pair.draft, load_prompts([path]),
+                        ["ar", "sd:gamma=4", "hf", "hf-assisted"], tmp_path / "out", max_new_tokens=8,
+                        progress=False, warmup=False, models=default_pair.description)
+    rows = {r["method"]: r for r in read_results(tmp_path / "out" / "results.jsonl")}
+    assert not any(r["error"] for r in rows.values())
+    ar_row = rows["ar"]
+    assert ar_row["text"].strip() and 1 <= ar_row["new_tokens"] <= 8
+    for m in ("sd:gamma=4", "hf", "hf-assisted"):  # greedy: the same tokens from every implementation
+        assert rows[m]["token_ids"] == ar_row["token_ids"], m
+    assert 1 < ar_row["perplexity"] < 100
+    assert 0 <= ar_row["rouge_l"] <= 1 and ar_row["bleu"] is not None and ar_row["exact_match"] in (0.0, 1.0)
+    assert summary["temperatures"]["0.0"]["methods"]["sd:gamma=4"]["block_efficiency"]["median"] > 1
+    assert "SmolLM2" in (tmp_path / "out" / "report.md").read_text()
