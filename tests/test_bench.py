@@ -234,6 +234,7 @@ def test_rows_report_and_plots(tmp_path, tiny_pair):
     assert on_disk["temperatures"]["1.0"]["methods"]["hf-assisted"]["prompts"] == 4
     md = (out / "report.md").read_text()
     assert "## Temperature 0 (greedy)" in md and "## Temperature 1" in md and "prefill included" in md
+    assert "load average" in md
     assert "| sd:gamma=3 | 4 / 0 |" in md and "Fastest" in md
     for png in ("speedup.png", "quality_speed.png"):
         head = (out / png).read_bytes()[:24]

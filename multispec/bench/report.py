@@ -123,7 +123,8 @@ def markdown(summary: dict, plots: list[str]) -> str:
         f"- models: {pair}",
         f"- {m['prompts']} prompts, at most {st['max_new_tokens']} new tokens, top-k {st['top_k']}, top-p "
         f"{st['top_p']}, seed {st['seed']}, chat template {'on' if st['chat'] else 'off'}; one prompt at a time",
-        f"- device {m['device']}, {m['threads']} torch threads, torch {m['torch']}, Python {m['python']}",
+        f"- device {m['device']}, {m['threads']} torch threads, torch {m['torch']}, Python {m['python']}"
+        + _load_note(m),
         f"- energy: {m['meter']}" if m["meter"] else
         "- energy: **unavailable** (no readable energy counter: no NVML GPU, no readable RAPL powercap); "
         "nothing is estimated",
@@ -167,6 +168,14 @@ def markdown(summary: dict, plots: list[str]) -> str:
         "", *[f"![{p}]({p})" for p in plots], "",
     ]
     return "\n".join(lines)
+
+
+def _load_note(m: dict) -> str:
+    load, cpus = m.get("load_average") or [None, None], m.get("cpus")
+    if None in load or not cpus:
+        return ""
+    # this run's own threads count too; a load well above the torch threads means other work competed
+    return f"; 1-min load average {load[0]:.1f} at the start, {load[1]:.1f} at the end on {cpus} CPUs"
 
 
 def _verdicts(data: dict, base: str) -> list[str]:

@@ -10,6 +10,7 @@ as they are) plus two baselines from outside the project: `hf` (transformers' `g
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import zlib
@@ -194,6 +195,7 @@ def run_bench(
     if meter == "auto":
         meter = pick_meter(str(target.device))
 
+    load_start = _load()
     todo = [(t, p, s) for t in temperatures for p in prompts for s in specs
             if row_key(p.id, s.label, t) not in done]
     ids_cache: dict[str, list[int]] = {}
@@ -232,7 +234,7 @@ def run_bench(
             "methods": [s.label for s in specs], "temperatures": [float(t) for t in temperatures],
             "prompts": len(prompts), "meter": meter.name if meter is not None else None,
             "device": str(target.device), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": [load_start, _load()]}
     return write_report(out, read_results(results), meta)
 
 
@@ -316,6 +318,11 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     stopped = "eos" if tokens and tokens[-1] == target.eos_token_id else "length"
     return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
                     "acceptance_rate": None, "stopped": stopped}
+
+
+def _load() -> float | None:
+    """The 1-minute load average: other work on the machine makes every timing noisier."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 def _sync(model: LanguageModel) -> None:
