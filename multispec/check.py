@@ -1,7 +1,8 @@
 """The exactness checker: run a method many times on random small Markov pairs and test the empirical
 law of whole outputs against the exactly computed law of target sampling (chi-square goodness of fit).
 
-Each pair is a random non-stationary (target, draft) chain over a small vocabulary; every run generates
+Each pair is a random non-stationary (target, draft) Markov chain over a small vocabulary, or a pair of
+`HistoryLM`s whose law depends on the whole prefix as read through the attention mask; every run generates
 `n_tokens` tokens after a one-token prompt, so there are V**n_tokens possible outputs whose exact
 probabilities come from `MarkovLM.sequence_distribution`. Cells whose expected count is under 5 are
 pooled so the chi-square approximation holds. The check passes when every pair's p-value is at least
@@ -16,7 +17,7 @@ import numpy as np
 from scipy import stats
 
 from .api import generate
-from .models.markov import random_markov_pair
+from .models.markov import random_history_pair, random_markov_pair
 from .warp import Sampling
 
 
@@ -37,6 +38,7 @@ class CheckReport:
     runs: int
     vocab: int
     n_tokens: int
+    models: str
     sampling: dict
     alpha: float
     pairs: list[PairResult]
@@ -78,6 +80,7 @@ def check_method(
     top_p: float = 1.0,
     alpha: float = 1e-3,
     concentration: float = 1.0,
+    models: str = "markov",
     progress: bool = False,
     **method_params,
 ) -> CheckReport:
@@ -92,7 +95,12 @@ def check_method(
         bar = tqdm(total=runs * pairs, desc=f"check {method}", unit="run")
     for i in range(pairs):
         pair_seed = seed * 1000 + i
-        target, draft = random_markov_pair(vocab, n_tokens + 1, pair_seed, concentration)
+        if models == "markov":
+            target, draft = random_markov_pair(vocab, n_tokens + 1, pair_seed, concentration)
+        elif models == "history":  # the law depends on the whole prefix, read through the attention mask
+            target, draft = random_history_pair(vocab, pair_seed, concentration, max_length=n_tokens + 1)
+        else:
+            raise ValueError(f"models must be 'markov' or 'history', got {models!r}")
         prompt = [int(np.random.default_rng(pair_seed).integers(vocab))]
         _, exact = target.sequence_distribution(prompt, n_tokens, sampling)
         counts = np.zeros(vocab**n_tokens, dtype=np.int64)
@@ -116,6 +124,6 @@ def check_method(
         results.append(PairResult(pair_seed, chi2, dof, p, tv, int((probs > 0).sum())))
     if bar is not None:
         bar.close()
-    return CheckReport(method, method_params, runs, vocab, n_tokens,
+    return CheckReport(method, method_params, runs, vocab, n_tokens, models,
                        {"temperature": temperature, "top_k": top_k, "top_p": top_p}, alpha, results)
 

@@ -42,3 +42,23 @@ def test_beam_of_width_two_is_not_target_sampling():
 def test_sd_opt_with_positive_eps_is_biased():
     report = check_method("sd-opt", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, gamma=2, eps=0.3)
     assert not report.passed
+
+
+@pytest.mark.parametrize("method, params", [("sd", {"gamma": 2}), ("batch-sd", {"drafts": 3, "gamma": 2}),
+                                            ("beam", {"width": 1})])
+def test_exact_methods_pass_on_full_history_models(method, params):
+    # HistoryLM reads its context through the mask and cache: tree and compaction mistakes change its law
+    report = check_method(method, runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history", **params)
+    assert report.passed, report.pairs
+
+
+def test_a_wrong_tree_mask_fails_on_full_history_models(monkeypatch):
+    from multispec.decoding import batch_sd
+    from multispec.trees import TokenTree
+
+    # known-wrong layout: every node treated as the child of the node before it (one long chain), so
+    # draft and target see the other chains' tokens as context
+    monkeypatch.setattr(batch_sd, "chains_tree", lambda m, d: TokenTree.chain(m * d))
+    report = check_method("batch-sd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history",
+                          drafts=2, gamma=2)
+    assert not report.passed

@@ -257,3 +257,31 @@ def test_sd_opt_with_zero_eps_is_sd_draw_for_draw():
         a = generate(target, draft, [1], method="sd", gamma=3, max_new_tokens=30, seed=seed).token_ids
         b = generate(target, draft, [1], method="sd-opt", eps=0.0, gamma=3, max_new_tokens=30, seed=seed).token_ids
         assert a == b
+
+
+def test_finite_lookahead_and_bonus():
+    """Test 8: finite K without bonus keeps E[N_rej]; the bonus lowers it; calls = 1 + N_rej - R_T."""
+    draft, target = random_pair(14, horizon=8, vocab=4)
+    exact = calc.sd_rejections(draft, target).total
+    no_bonus = rejections_per_run(draft, target, runs=2500, method="sd", seed=4, gamma=3)
+    se = no_bonus.std(ddof=1) / np.sqrt(len(no_bonus))
+    assert abs(no_bonus.mean() - exact) <= 4 * se
+    with_bonus = rejections_per_run(draft, target, runs=2500, method="sd", seed=5, gamma=3, bonus=True)
+    assert with_bonus.mean() < exact - 2 * se
+
+    from multispec import MarkovLM, generate
+
+    t_lm, d_lm = MarkovLM(target), MarkovLM(draft)
+    for seed in range(200):
+        st = generate(t_lm, d_lm, [seed % 4], method="sd", gamma=8, bonus=False, max_new_tokens=8, seed=seed).stats
+        assert st["target_calls"] - 1 - st["rejections"] in (0, -1) and st["target_calls"] <= 8
+
+
+def test_pointwise_scaled_acceptance_is_unbiased_with_more_rejections():
+    """Test 10 with a random pointwise factor c(x) in [0, 1]."""
+    rng = np.random.default_rng(15)
+    for _ in range(30):
+        d, t = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+        b = rng.uniform(size=5) * np.minimum(1, t / d)
+        assert calc.loss_of(b, calc.optimal_resampling(b, d, t), d, t) == pytest.approx(0, abs=1e-12)
+        assert calc.rejection(b, d) >= calc.tv(d, t) - 1e-12

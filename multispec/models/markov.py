@@ -9,7 +9,7 @@ cache bookkeeping is exercised, and exact sequence probabilities are available f
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -97,3 +97,86 @@ def random_markov_pair(vocab: int, horizon: int, seed: int, concentration: float
         return rng.dirichlet(np.full(vocab, concentration), size=(horizon, vocab))
 
     return MarkovLM(table(), name="markov-target"), MarkovLM(table(), name="markov-draft")
+
+
+@dataclass
+class HistoryCache:
+    tokens: torch.Tensor = field(default_factory=lambda: torch.empty(1, 0, dtype=torch.long))
+    positions: torch.Tensor = field(default_factory=lambda: torch.empty(1, 0, dtype=torch.long))
+
+
+class HistoryLM(LanguageModel):
+    """An exact model whose next-token law depends on the whole prefix: a random Dirichlet row per
+    distinct prefix, drawn from a seed and the prefix itself (so it is a fixed function of the prefix).
+
+    Unlike `MarkovLM` it reads its context through the attention mask: a query sees exactly the cached
+    and new tokens the mask allows, ordered by position. A wrong tree mask, position or cache compaction
+    therefore changes its output, which makes it the exact model for testing trees and caches.
+    """
+
+    def __init__(self, vocab: int, seed: int = 0, concentration: float = 1.0, max_length: int = 16,
+                 name: str = "history", eos_token_id: int | None = None):
+        self.vocab_size, self.seed, self.concentration = vocab, seed, concentration
+        self.max_length, self.name, self.eos_token_id = max_length, name, eos_token_id
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def row(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        """P(next | prefix), float64 [V]."""
+        if prefix not in self._rows:
+            rng = np.random.default_rng([self.seed, len(prefix), *prefix])
+            self._rows[prefix] = torch.from_numpy(rng.dirichlet(np.full(self.vocab_size, self.concentration)))
+        return self._rows[prefix]
+
+    def new_cache(self) -> HistoryCache:
+        return HistoryCache()
+
+    def cache_length(self, cache) -> int:
+        return cache.tokens.shape[1]
+
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
+        b, n = tokens.shape
+        past = cache.tokens.shape[1]
+        if cache.tokens.shape[0] != b:
+            cache.tokens = cache.tokens.expand(b, -1)
+            cache.positions = cache.positions.expand(b, -1)
+        if positions is None:
+            positions = past + torch.arange(n).expand(b, n)
+        keys = torch.cat([cache.tokens, tokens], 1)
+        key_pos = torch.cat([cache.positions, positions], 1)
+        if mask is None:
+            mask = torch.ones(n, past + n, dtype=torch.bool).tril(past).expand(b, n, past + n)
+        out = torch.empty(b, n, self.vocab_size, dtype=torch.float64)
+        for r in range(b):
+            for i in range(n):
+                seen = mask[r, i].nonzero().flatten()
+                order = seen[torch.argsort(key_pos[r, seen])]
+                if int(key_pos[r, order[-1]]) != int(positions[r, i]) or len(order) != int(positions[r, i]) + 1:
+                    raise ValueError("a query must see one token at each position up to its own")
+                out[r, i] = self.row(tuple(keys[r, order].tolist())).log()
+        cache.tokens, cache.positions = keys, key_pos
+        return out[:, -logits_to_keep:] if logits_to_keep else out
+
+    def crop(self, cache, length):
+        cache.tokens, cache.positions = cache.tokens[:, :length], cache.positions[:, :length]
+
+    def select_rows(self, cache, rows):
+        cache.tokens, cache.positions = cache.tokens[rows], cache.positions[rows]
+
+    def keep_positions(self, cache, positions):
+        cache.tokens, cache.positions = cache.tokens[:, positions], cache.positions[:, positions]
+
+    def sequence_distribution(self, prompt: list[int], n: int, sampling: Sampling | None = None):
+        sampling = sampling or Sampling()
+        outcomes = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=n)), dtype=torch.long)
+        prob = torch.ones(len(outcomes), dtype=torch.float64)
+        for k, seq in enumerate(outcomes.tolist()):
+            ctx = tuple(prompt)
+            for tok in seq:
+                prob[k] *= sampling.probs(self.row(ctx).log())[tok]
+                ctx = ctx + (tok,)
+        return outcomes.reshape(-1, n), prob
+
+
+def random_history_pair(vocab: int, seed: int, concentration: float = 1.0, max_length: int = 16):
+    return (HistoryLM(vocab, seed * 2, concentration, max_length, name="history-target"),
+            HistoryLM(vocab, seed * 2 + 1, concentration, max_length, name="history-draft"))
