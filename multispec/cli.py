@@ -60,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs")
     c.add_argument("--method", default="sd", help="method name, parameters after a colon: sd:gamma=3")
     c.add_argument("--runs", type=int, default=20000, help="generations per pair (default %(default)s)")
-    c.add_argument("--pairs", type=int, default=3, help="random Markov pairs (default %(default)s)")
+    c.add_argument("--pairs", type=int, default=3, help="random model pairs (default %(default)s)")
     c.add_argument("--vocab", type=int, default=4)
     c.add_argument("--tokens", type=int, default=3, help="tokens generated per run")
     c.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance level")
+    c.add_argument("--models", choices=["markov", "history"], default="markov",
+                   help="Markov chains, or models whose law depends on the whole prefix (tests masks and caches)")
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     _sampling_args(c, 1.0)
     c.add_argument("--json", action="store_true")
@@ -84,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--max-new-tokens", type=int, default=64)
     th.add_argument("--temperature", type=float, default=1.0)
     th.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
+    from .distill.cli import add_parser as add_distill
+
+    add_distill(sub)
     b = sub.add_parser("bench", help="benchmark methods on prompt sets: tokens/s, speed-up, quality, energy; "
                        "writes results.jsonl, summary.json, report.md and plots")
     b.add_argument("--prompts", action="append", default=None, metavar="FILE",
@@ -294,14 +299,14 @@ def cmd_check(args) -> int:
     METHODS[name].resolve(params)  # reject bad parameters before the long run
     report = check_method(
         name, runs=args.runs, pairs=args.pairs, vocab=args.vocab, n_tokens=args.tokens, seed=args.seed,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, models=args.models,
         progress=not args.json and sys.stderr.isatty(), **params,
     )
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
-        print(f"method {name} {params or ''}: {args.runs} runs x {args.pairs} random Markov pairs, "
-              f"V={args.vocab}, {args.tokens} tokens each, against the exact law of target sampling")
+        print(f"method {name} {params or ''}: {args.runs} runs x {args.pairs} random model pairs, "
+              f"V={args.vocab}, {args.tokens} tokens each ({args.models} models), against the exact law of target sampling")
         for p in report.pairs:
             print(f"  pair seed {p.seed}: chi2 = {p.chi2:.2f} (dof {p.dof}), p-value = {p.p_value:.4g}, "
                   f"TV(empirical, exact) = {p.tv:.4f}")
@@ -325,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "theory":
             return cmd_theory(args)
+        if args.command == "distill":
+            from .distill.cli import run as run_distill
+
+            return run_distill(args)
         if args.command == "bench":
             return cmd_bench(args)
     except (ValueError, UsageError) as e:

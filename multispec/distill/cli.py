@@ -1,0 +1,105 @@
+"""`multispec distill`: train a draft for a target, or (`--eval`) measure any pair."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    d = sub.add_parser("distill", help="train a small draft for a target by distillation, or --eval a pair")
+    d.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    d.add_argument("--out", default=None, help="output folder (teacher data, checkpoints, log, draft/)")
+    d.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    d.add_argument("--prompts", type=int, default=768, help="training prompts from the pool (default %(default)s)")
+    d.add_argument("--max-new-tokens", type=int, default=160, help="answer length for teacher data")
+    d.add_argument("--gen-batch", type=int, default=32)
+    d.add_argument("--steps", type=int, default=1500)
+    d.add_argument("--batch-tokens", type=int, default=2048, help="answer positions per training step")
+    d.add_argument("--lr", type=float, default=2e-3)
+    d.add_argument("--hidden", type=int, default=224)
+    d.add_argument("--layers", type=int, default=5)
+    d.add_argument("--heads", type=int, default=4)
+    d.add_argument("--kv-heads", type=int, default=2)
+    d.add_argument("--eval-every", type=int, default=100)
+    d.add_argument("--checkpoint-every", type=int, default=50)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--data-dir", default=None, help="folder with the prompt files (default ../shared/data)")
+    d.add_argument("--eval", action="store_true",
+                   help="measure a pair instead of training: 1 - TV, greedy agreement, expected sd block "
+                        "efficiency and step-cost ratio on held-out MT-Bench prompts")
+    d.add_argument("--draft", default=None, help="with --eval: the draft to measure (default: the default draft)")
+    d.add_argument("--eval-prompts", type=int, default=20, help="with --eval: MT-Bench prompts (default %(default)s)")
+    d.add_argument("--eval-tokens", type=int, default=64, help="with --eval: answer length (default %(default)s)")
+    d.add_argument("--json", action="store_true", help="with --eval: print the numbers as one JSON object")
+
+
+def _positive(args, *names) -> None:
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from ..api import load_model, load_pair
+    from . import DistillConfig, TrainConfig, distill
+    from .evaluate import evaluate_pair, format_report
+    from .prompts import default_data_dir, mt_bench_prompts
+
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
+    if args.eval:
+        _positive(args, "eval-prompts", "eval-tokens")
+        prompts = mt_bench_prompts(data_dir)[: args.eval_prompts]
+        pair = load_pair(args.target, args.draft)
+        if pair.draft is None:
+            raise ValueError("--eval needs a draft: pass --draft")
+        bar = tqdm(total=len(prompts), desc="eval", unit="prompt", file=sys.stderr, disable=args.json)
+        report = evaluate_pair(pair.target, pair.draft, prompts, max_new_tokens=args.eval_tokens,
+                               progress=lambda i, n: bar.update(1))
+        bar.close()
+        if args.json:
+            print(json.dumps({"models": pair.description, **report}))
+        else:
+            print(format_report(report, pair.target.name, pair.draft.name))
+        return 0
+
+    if args.out is None:
+        raise ValueError("distill needs --out DIR (where data, checkpoints and the draft go)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    _positive(args, "prompts", "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "layers",
+              "heads", "kv-heads", "eval-every", "checkpoint-every")
+    if args.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    cfg = DistillConfig(
+        prompts=args.prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
+        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+        train=TrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
+                          eval_every=args.eval_every, checkpoint_every=args.checkpoint_every),
+    )
+    target = load_model(args.target)
+    if target.tokenizer is None:
+        raise ValueError(f"target {target.name!r} has no tokenizer; distillation needs text prompts")
+    bars = {}
+
+    def bar(label):
+        def update(i, n, *rest):
+            b = bars.get(label)
+            if b is None:
+                b = bars[label] = tqdm(total=n, initial=i - 1, desc=label, file=sys.stderr, dynamic_ncols=True)
+            b.update(i - b.n)
+            if rest and isinstance(rest[0], float):
+                b.set_postfix(loss=f"{rest[0]:.3f}", refresh=False)
+            if i >= n:
+                b.close()
+        return update
+
+    last = distill(target, out, cfg, data_dir=data_dir, resume=args.resume,
+                   say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar)
+    print(json.dumps({"draft": str(out / "draft"), **last}))
+    return 0

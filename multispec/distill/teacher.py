@@ -1,0 +1,89 @@
+"""Training data: the target answers the prompt pool, and its next-token distributions are kept.
+
+Hugging Face `generate` returns the raw logits of every generated position (`output_logits`), which
+are exactly the target's next-token distributions the draft must match, so no second target pass is
+needed. Each distribution is kept as its top-K log-probabilities plus the tail mass (the rest): the KL
+to this (K + 1)-bucket coarsening is what training minimises, and K = 64 holds most of the mass.
+
+Shards are written one batch at a time (atomically), so an interrupted run keeps every finished batch
+and a rerun continues after the last one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+TOP_K = 64
+
+
+def shard_path(folder: Path, index: int) -> Path:
+    return folder / f"shard-{index:05d}.pt"
+
+
+def existing_shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("shard-*.pt"))
+
+
+@torch.inference_mode()
+def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
+    """One batch of target answers with their top-K teacher distributions (left-padded batch)."""
+    ids = [target.encode(p, chat=True) for p in prompts]
+    width = max(len(x) for x in ids)
+    pad = target.eos_token_id if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
+    input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, width - len(x) :] = torch.tensor(x)
+        mask[i, width - len(x) :] = 1
+    torch.manual_seed(seed)
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    out = target.model.generate(
+        input_ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new_tokens,
+        output_logits=True, return_dict_in_generate=True, pad_token_id=pad, **sampling,
+    )
+    generated = out.sequences[:, width:].cpu()
+    logits = torch.stack(out.logits, 1)[..., : target.vocab_size].float().cpu()  # [B, steps, V]
+    rows = []
+    for i in range(len(ids)):
+        gen = generated[i].tolist()
+        n = gen.index(target.eos_token_id) + 1 if target.eos_token_id in gen else len(gen)
+        if n < 2:
+            continue
+        logp = torch.log_softmax(logits[i, :n], -1)
+        top = logp.topk(TOP_K, -1)
+        rows.append({
+            "prompt_ids": torch.tensor(ids[i], dtype=torch.int32),
+            "ids": torch.tensor(gen[:n], dtype=torch.int32),
+            "top_idx": top.indices.to(torch.int32),
+            "top_logp": top.values.to(torch.float16),
+            "greedy": greedy,
+        })
+    return rows
+
+
+def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16, max_new_tokens: int = 192,
+                  greedy_every: int = 3, seed: int = 0, progress=None) -> list[Path]:
+    """Answer `prompts` in batches; every `greedy_every`-th batch greedily, the others by sampling at
+    temperature 1 (the draft serves both). Returns all shard paths, reusing those already written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    for b, chunk in enumerate(batches):
+        path = shard_path(folder, b)
+        if not path.exists():
+            rows = generate_batch(target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b)
+            tmp = path.with_suffix(".tmp")
+            torch.save(rows, tmp)
+            os.replace(tmp, path)
+        if progress is not None:
+            progress(b + 1, len(batches), path)
+    return [shard_path(folder, b) for b in range(len(batches))]
+
+
+def load_rows(paths: list[Path]) -> list[dict]:
+    rows = []
+    for p in paths:
+        rows.extend(torch.load(p, weights_only=True))
+    return rows

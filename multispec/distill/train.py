@@ -1,0 +1,218 @@
+"""Distillation: the draft learns the target's next-token distributions along the target's own answers.
+
+Loss: KL(target || draft) over the (top-K + tail) coarsening of each target distribution kept by
+`teacher.py`, at every answer position. Checkpoints (model, optimiser, step) are written atomically
+every `checkpoint_every` steps together with an ordinary transformers checkpoint of the draft, so an
+interrupted run loses at most that many steps and `resume=True` continues from the last one.
+
+Held-out evaluation (printed as training goes, and logged to `log.jsonl`): on answers to prompts kept
+out of training, against the *full* target distribution: 1 - TV at temperature 1, greedy agreement
+(same argmax) and the coarse KL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1500
+    batch_tokens: int = 2048  # answer positions per step
+    lr: float = 2e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    eval_every: int = 100
+    checkpoint_every: int = 100
+    seed: int = 0
+    max_length: int = 512
+
+
+def coarse_kl(draft_logits: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """Per-position KL(target || draft) over the buckets {top-K tokens of the target} + {the rest}."""
+    logq = torch.log_softmax(draft_logits.float(), -1)
+    q_top = logq.gather(-1, top_idx)
+    p_top = top_logp.exp()
+    p_tail = (1 - p_top.sum(-1)).clamp_min(0)
+    q_tail = torch.log((1 - q_top.exp().sum(-1)).clamp_min(1e-9))
+    p_tail_log = torch.log(p_tail.clamp_min(1e-9))
+    return (p_top * (top_logp - q_top)).sum(-1) + p_tail * (p_tail_log - q_tail)
+
+
+def _batches(rows: list[dict], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    order = list(range(len(rows)))
+    random.Random(seed * 1000 + epoch).shuffle(order)
+    out, cur, n = [], [], 0
+    for i in order:
+        cur.append(i)
+        n += len(rows[i]["ids"])
+        if n >= batch_tokens:
+            out.append(cur)
+            cur, n = [], 0
+    return out
+
+
+def _forward(draft, rows: list[dict], max_length: int):
+    """Draft logits at every answer position of `rows` (right-padded batch), with the targets' top-K."""
+    seqs, spans = [], []
+    for r in rows:
+        seq = torch.cat([r["prompt_ids"], r["ids"]]).long()[:max_length]
+        p = len(r["prompt_ids"])
+        n = min(len(r["ids"]), len(seq) - p)
+        seqs.append(seq)
+        spans.append((p, n))
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    # position p - 1 + j predicts answer token j
+    picked = torch.cat([hidden[i, p - 1 : p - 1 + n] for i, (p, n) in enumerate(spans)])
+    top_idx = torch.cat([r["top_idx"][:n] for r, (_, n) in zip(rows, spans, strict=True)]).long()
+    top_logp = torch.cat([r["top_logp"][:n] for r, (_, n) in zip(rows, spans, strict=True)]).float()
+    return draft.lm_head(picked), top_idx, top_logp
+
+
+@torch.inference_mode()
+def target_eval_probs(target, rows: list[dict], max_length: int = 512) -> list[torch.Tensor]:
+    """The full target distribution (temperature 1) at every answer position of the held-out rows."""
+    out = []
+    for r in rows:
+        seq = torch.cat([r["prompt_ids"], r["ids"]]).long()[:max_length]
+        p = len(r["prompt_ids"])
+        logits = target.forward(target.new_cache(), seq[None].to(target.device))[0]
+        out.append(torch.softmax(logits[p - 1 : len(seq) - 1].float().cpu(), -1).to(torch.float16))
+    return out
+
+
+@torch.no_grad()
+def evaluate(draft, rows: list[dict], target_probs: list[torch.Tensor], max_length: int = 512) -> dict:
+    draft.eval()
+    tv_sum = agree = kl_sum = n_total = 0.0
+    for r, probs in zip(rows, target_probs, strict=True):
+        logits, top_idx, top_logp = _forward(draft, [r], max_length)
+        n = min(len(logits), len(probs))
+        target = probs[:n].float()
+        q = torch.softmax(logits[:n].float(), -1)
+        tv_sum += float(0.5 * (target - q).abs().sum(-1).sum())
+        agree += float((target.argmax(-1) == q.argmax(-1)).sum())
+        kl_sum += float(coarse_kl(logits[:n], top_idx[:n], top_logp[:n]).sum())
+        n_total += n
+    draft.train()
+    return {"one_minus_tv": 1 - tv_sum / n_total, "greedy_agreement": agree / n_total,
+            "coarse_kl": kl_sum / n_total, "positions": int(n_total)}
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def export(draft, tokenizer, folder: Path, dtype: torch.dtype = torch.float32) -> None:
+    """An ordinary transformers checkpoint (config + safetensors + tokenizer), written atomically."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    model = draft
+    if dtype != torch.float32:
+        import copy
+
+        model = copy.deepcopy(draft).to(dtype)
+    model.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+
+
+def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_probs: list[torch.Tensor],
+          out: Path, cfg: TrainConfig, resume: bool = False, say=print, progress=None) -> dict:
+    torch.manual_seed(cfg.seed)
+    optim = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine down to a tenth
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    ckpt_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
+    step = 0
+    if resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        draft.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        step = state["step"]
+        say(f"resumed at step {step} from {ckpt_path}")
+    elif log_path.exists():
+        log_path.unlink()
+
+    def log(entry: dict) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    if step == 0:
+        ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
+        log({"step": 0, "tokens": 0, "seconds": 0.0, **{f"eval_{k}": v for k, v in ev.items()}})
+        say(f"step 0: held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}")
+
+    draft.train()
+    epoch, batches = 0, _batches(train_rows, cfg.batch_tokens, cfg.seed, 0)
+    seen = step  # fast-forward the deterministic batch order to where a resumed run stopped
+    while seen >= len(batches):
+        seen -= len(batches)
+        epoch += 1
+        batches = _batches(train_rows, cfg.batch_tokens, cfg.seed, epoch)
+    position = seen
+    t0, tokens, losses = time.perf_counter(), 0, []
+    last = {}
+    while step < cfg.steps:
+        if position >= len(batches):
+            epoch, position = epoch + 1, 0
+            batches = _batches(train_rows, cfg.batch_tokens, cfg.seed, epoch)
+        rows = [train_rows[i] for i in batches[position]]
+        position += 1
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step)
+        logits, top_idx, top_logp = _forward(draft, rows, cfg.max_length)
+        loss = coarse_kl(logits, top_idx, top_logp).mean()
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optim.step()
+        step += 1
+        tokens += len(logits)
+        losses.append(loss.item())
+        if progress is not None:
+            progress(step, cfg.steps, losses[-1])
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
+            seconds = time.perf_counter() - t0
+            last = {"step": step, "epoch": epoch, "train_kl": sum(losses) / len(losses), "tokens": tokens,
+                    "seconds": seconds, "tokens_per_second": tokens / seconds,
+                    **{f"eval_{k}": v for k, v in ev.items()}}
+            log(last)
+            losses = []
+            say(f"step {step}: train KL {last['train_kl']:.3f}; held-out 1-TV {ev['one_minus_tv']:.3f}, "
+                f"greedy agreement {ev['greedy_agreement']:.3f}, KL {ev['coarse_kl']:.3f}")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _save_atomic({"model": draft.state_dict(), "optim": optim.state_dict(), "step": step,
+                          "config": asdict(cfg)}, ckpt_path)
+            export(draft, tokenizer, out / "draft")
+    return last

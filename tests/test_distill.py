@@ -1,0 +1,135 @@
+"""Draft distillation: the loss, the initialisation, the whole pipeline (data, training, checkpoints,
+resume, export) on a tiny random target with the real SmolLM2 tokenizer, and the pair evaluation."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from multispec.cli import main
+from multispec.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config
+from multispec.distill.evaluate import evaluate_pair
+from multispec.distill.train import coarse_kl
+from multispec.models.hf import HFModel
+
+
+def test_coarse_kl_is_the_kl_of_the_bucketed_distributions():
+    rng = np.random.default_rng(0)
+    V, K = 40, 6
+    target = rng.dirichlet(np.full(V, 0.3), size=5)
+    draft_logits = torch.tensor(rng.normal(size=(5, V)))
+    draft = torch.softmax(draft_logits, -1).numpy()
+    top = np.argsort(-target, -1)[:, :K]
+    top_logp = torch.tensor(np.log(np.take_along_axis(target, top, -1)))
+    got = coarse_kl(draft_logits, torch.tensor(top), top_logp).numpy()
+    for i in range(5):
+        p = np.append(target[i, top[i]], 1 - target[i, top[i]].sum())
+        q = np.append(draft[i, top[i]], 1 - draft[i, top[i]].sum())
+        assert got[i] == pytest.approx(float((p * np.log(p / q)).sum()), rel=1e-4)
+    # all tokens kept: the full KL; the target itself: zero
+    full = np.argsort(-target, -1)
+    full_logp = torch.tensor(np.log(np.take_along_axis(target, full, -1)))
+    exact = (target * np.log(target / draft)).sum(-1)
+    assert np.allclose(coarse_kl(draft_logits, torch.tensor(full), full_logp).numpy(), exact, rtol=1e-4, atol=1e-6)
+    assert np.allclose(coarse_kl(torch.tensor(np.log(target)), torch.tensor(top), top_logp).numpy(), 0, atol=1e-6)
+
+
+def _tiny_target(tokenizer, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(config).float()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(4.0)  # a random model with some confidence, so argmaxes are not ties
+    return HFModel(model, tokenizer, name=f"tiny-target-{seed}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from multispec.models.default import converted_checkpoint
+
+    return AutoTokenizer.from_pretrained(converted_checkpoint())
+
+
+def test_draft_embeddings_are_the_targets_principal_projection(tokenizer):
+    target = _tiny_target(tokenizer)
+    config = draft_config(target.model.config, hidden=16, layers=1, heads=2, kv_heads=1)
+    draft = build_draft(target.model, config)
+    table = target.model.get_input_embeddings().weight.detach()
+    emb = draft.get_input_embeddings().weight.detach()
+    assert emb.shape == (table.shape[0], 16)
+    assert draft.lm_head.weight.data_ptr() == emb.data_ptr()  # tied head
+    # the projection keeps more of the table's energy than any other 16-dim projection, e.g. a random one
+    random_basis = torch.linalg.qr(torch.randn(table.shape[1], 16))[0]
+    assert emb.norm() > (table @ random_basis).norm()
+    u, s, vh = torch.linalg.svd(table, full_matrices=False)
+    assert emb.norm() ** 2 == pytest.approx(float((s[:16] ** 2).sum()), rel=1e-3)
+
+
+def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_path):
+    target = _tiny_target(tokenizer)
+    cfg = DistillConfig(prompts=8, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
+                        heads=2, kv_heads=1,
+                        train=TrainConfig(steps=12, batch_tokens=40, lr=1e-2, warmup=2, eval_every=6,
+                                          checkpoint_every=6))
+    out = tmp_path / "run"
+    lines = []
+    last = distill(target, out, cfg, say=lines.append)
+    shards = sorted((out / "data").glob("shard-*.pt"))
+    assert len(shards) == 2 and len(list((out / "heldout").glob("shard-*.pt"))) == 1
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [0, 6, 12]
+    assert log[-1]["eval_coarse_kl"] < log[0]["eval_coarse_kl"]  # it learns the target
+    assert last["step"] == 12
+
+    # the saved draft is an ordinary transformers checkpoint with the target's tokenizer
+    reloaded = HFModel.from_pretrained(str(out / "draft"))
+    assert reloaded.vocab_size == target.vocab_size
+    assert reloaded.tokenizer.get_vocab() == tokenizer.get_vocab()
+
+    # a second run in the same folder must be asked to resume; resuming reuses data and continues
+    with pytest.raises(ValueError, match="--resume"):
+        distill(target, out, cfg, say=lines.append)
+    stamps = [p.stat().st_mtime_ns for p in shards]
+    cfg.train.steps = 18
+    lines.clear()
+    distill(target, out, cfg, resume=True, say=lines.append)
+    assert any("resumed at step 12" in m for m in lines)
+    assert [p.stat().st_mtime_ns for p in shards] == stamps
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [0, 6, 12, 18]
+
+
+def test_evaluate_pair_on_itself_and_on_another_draft(tokenizer):
+    target, other = _tiny_target(tokenizer, 0), _tiny_target(tokenizer, 1)
+    prompts = ["Say something.", "Name a colour."]
+    same = evaluate_pair(target, target, prompts, max_new_tokens=10, gammas=(1, 3))
+    assert same["one_minus_tv"] == pytest.approx(1.0, abs=1e-6)
+    assert same["greedy_agreement"] == 1.0
+    # every draft accepted: blocks of gamma + 1 tokens (the last block may be shorter)
+    assert same["expected_block_efficiency_t0"][3] > 3
+    diff = evaluate_pair(target, other, prompts, max_new_tokens=10, gammas=(1, 3))
+    assert diff["one_minus_tv"] < 0.9
+    assert diff["expected_block_efficiency_t1"][3] < same["expected_block_efficiency_t1"][3]
+    assert diff["step_cost_ratio"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["distill"], "--out"),
+    (["distill", "--out", "{file}"], "is a file"),
+    (["distill", "--out", "{dir}", "--steps", "0"], "--steps"),
+    (["distill", "--eval", "--eval-prompts", "0"], "--eval-prompts"),
+])
+def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    argv = [a.format(file=f, dir=tmp_path / "d") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
