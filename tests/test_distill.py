@@ -133,3 +133,14 @@ def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_time_budget_ends_training(tokenizer, tmp_path):
+    target = _tiny_target(tokenizer)
+    cfg = DistillConfig(prompts=4, heldout_prompts=2, gen_batch=4, max_new_tokens=8, hidden=16, layers=1,
+                        heads=2, kv_heads=1,
+                        train=TrainConfig(steps=10**6, minutes=0.03, batch_tokens=16, warmup=1, eval_every=10**6,
+                                          checkpoint_every=10**6))
+    last = distill(target, tmp_path / "run", cfg, say=lambda m: None)
+    assert 0 < last["step"] < 10**6 and 1.8 <= last["seconds"] < 10
+    assert (tmp_path / "run" / "draft" / "model.safetensors").exists()

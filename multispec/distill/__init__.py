@@ -50,7 +50,7 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
 
     def gen_progress(label):
-        return (lambda i, n, path: say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
+        return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
 
     train_paths = build_dataset(target, train_prompts, out / "data", cfg.gen_batch, cfg.max_new_tokens,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))

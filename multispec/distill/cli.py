@@ -16,6 +16,8 @@ def add_parser(sub) -> None:
     d.add_argument("--max-new-tokens", type=int, default=160, help="answer length for teacher data")
     d.add_argument("--gen-batch", type=int, default=32)
     d.add_argument("--steps", type=int, default=1500)
+    d.add_argument("--minutes", type=float, default=None,
+                   help="also stop training after this many minutes; the learning-rate schedule follows the clock")
     d.add_argument("--batch-tokens", type=int, default=2048, help="answer positions per training step")
     d.add_argument("--lr", type=float, default=2e-3)
     d.add_argument("--hidden", type=int, default=224)
@@ -74,12 +76,14 @@ def run(args) -> int:
         raise ValueError(f"--out {out} is a file, not a folder")
     _positive(args, "prompts", "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "layers",
               "heads", "kv-heads", "eval-every", "checkpoint-every")
+    if args.minutes is not None and args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = DistillConfig(
         prompts=args.prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
         layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-        train=TrainConfig(steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
+        train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
                           eval_every=args.eval_every, checkpoint_every=args.checkpoint_every),
     )
     target = load_model(args.target)
@@ -90,8 +94,8 @@ def run(args) -> int:
     def bar(label):
         def update(i, n, *rest):
             b = bars.get(label)
-            if b is None:
-                b = bars[label] = tqdm(total=n, initial=i - 1, desc=label, file=sys.stderr, dynamic_ncols=True)
+            if b is None:  # the first call: before any work (data) or after the first step (training)
+                b = bars[label] = tqdm(total=n, initial=i, desc=label, file=sys.stderr, dynamic_ncols=True)
             b.update(i - b.n)
             if rest and isinstance(rest[0], float):
                 b.set_postfix(loss=f"{rest[0]:.3f}", refresh=False)

@@ -70,6 +70,8 @@ def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16
     temperature 1 (the draft serves both). Returns all shard paths, reusing those already written."""
     folder.mkdir(parents=True, exist_ok=True)
     batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    if progress is not None:
+        progress(0, len(batches), None)
     for b, chunk in enumerate(batches):
         path = shard_path(folder, b)
         if not path.exists():

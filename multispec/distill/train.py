@@ -26,6 +26,7 @@ import torch
 @dataclass
 class TrainConfig:
     steps: int = 1500
+    minutes: float | None = None  # also stop after this much training time (the schedule follows the clock)
     batch_tokens: int = 2048  # answer positions per step
     lr: float = 2e-3
     warmup: int = 50
@@ -146,19 +147,23 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
     torch.manual_seed(cfg.seed)
     optim = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine down to a tenth
+    def progress_of(step: int, seconds: float) -> float:  # the share of the budget (steps or time) used
+        by_time = seconds / (60 * cfg.minutes) if cfg.minutes else 0.0
+        return max(step / cfg.steps, by_time)
+
+    def lr_at(step: int, seconds: float) -> float:  # linear warm-up, cosine down to a tenth
         if step < cfg.warmup:
             return cfg.lr * (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+        frac = min(1.0, progress_of(step, seconds))
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     ckpt_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
-    step = 0
+    step, spent = 0, 0.0  # spent: training seconds of earlier runs of this folder
     if resume and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         draft.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
-        step = state["step"]
+        step, spent = state["step"], state.get("seconds", 0.0)
         say(f"resumed at step {step} from {ckpt_path}")
     elif log_path.exists():
         log_path.unlink()
@@ -182,14 +187,14 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
     position = seen
     t0, tokens, losses = time.perf_counter(), 0, []
     last = {}
-    while step < cfg.steps:
+    while progress_of(step, spent + time.perf_counter() - t0) < 1:
         if position >= len(batches):
             epoch, position = epoch + 1, 0
             batches = _batches(train_rows, cfg.batch_tokens, cfg.seed, epoch)
         rows = [train_rows[i] for i in batches[position]]
         position += 1
         for group in optim.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, spent + time.perf_counter() - t0)
         logits, top_idx, top_logp = _forward(draft, rows, cfg.max_length)
         loss = coarse_kl(logits, top_idx, top_logp).mean()
         optim.zero_grad(set_to_none=True)
@@ -201,18 +206,19 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
         losses.append(loss.item())
         if progress is not None:
             progress(step, cfg.steps, losses[-1])
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        finished = progress_of(step, spent + time.perf_counter() - t0) >= 1
+        if step % cfg.eval_every == 0 or finished:
             ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
             seconds = time.perf_counter() - t0
             last = {"step": step, "epoch": epoch, "train_kl": sum(losses) / len(losses), "tokens": tokens,
-                    "seconds": seconds, "tokens_per_second": tokens / seconds,
+                    "seconds": spent + seconds, "tokens_per_second": tokens / seconds,
                     **{f"eval_{k}": v for k, v in ev.items()}}
             log(last)
             losses = []
             say(f"step {step}: train KL {last['train_kl']:.3f}; held-out 1-TV {ev['one_minus_tv']:.3f}, "
                 f"greedy agreement {ev['greedy_agreement']:.3f}, KL {ev['coarse_kl']:.3f}")
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if step % cfg.checkpoint_every == 0 or finished:
             _save_atomic({"model": draft.state_dict(), "optim": optim.state_dict(), "step": step,
-                          "config": asdict(cfg)}, ckpt_path)
+                          "seconds": spent + time.perf_counter() - t0, "config": asdict(cfg)}, ckpt_path)
             export(draft, tokenizer, out / "draft")
     return last
