@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,25 +121,14 @@ def _save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def export(draft, tokenizer, folder: Path, dtype: torch.dtype = torch.float32) -> None:
+def export(draft, tokenizer, folder: Path) -> None:
     """An ordinary transformers checkpoint (config + safetensors + tokenizer), written atomically."""
     tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    model = draft
-    if dtype != torch.float32:
-        import copy
-
-        model = copy.deepcopy(draft).to(dtype)
-    model.save_pretrained(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
+    shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
 
 
