@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default ../shared/data/mt_bench.jsonl)")
     b.add_argument("--categories", action="append", default=None, metavar="A,B", help="only these categories")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts from each file (after --categories)")
+    b.add_argument("--spread", action="store_true",
+                   help="take each file's prompts from its categories in turn, so --limit covers all of them")
     b.add_argument("--method", action="append", default=None, metavar="SPEC",
                    help="repeatable, parameters after a colon: --method sd:gamma=4; hf and hf-assisted are "
                         "transformers' generate (default: every method at its defaults, hf, hf-assisted)")
@@ -127,9 +129,10 @@ def cmd_bench(args) -> int:
     categories = [c.strip() for item in args.categories or [] for c in item.split(",") if c.strip()] or None
     # everything that needs no model is checked before the models load
     if args.prompts or not args.preset:
-        prompts = bench.load_prompts(args.prompts or [bench.default_prompt_file()], categories, args.limit)
+        prompts = bench.load_prompts(args.prompts or [bench.default_prompt_file()], categories, args.limit,
+                                     args.spread)
     else:
-        prompts = bench.select_prompts([bench.preset_prompts(args.preset)], categories, args.limit)
+        prompts = bench.select_prompts([bench.preset_prompts(args.preset)], categories, args.limit, args.spread)
     temperatures = args.temperature or preset.get("temperatures", [0.0])
     max_new = args.max_new_tokens if args.max_new_tokens is not None else preset.get("max_new_tokens", 128)
     methods = args.method or preset.get("methods") or bench.default_methods(

@@ -84,6 +84,20 @@ def test_categories_filter_then_limit_per_file(tmp_path):
         load_prompts([a], limit=0)
 
 
+def test_spread_takes_categories_in_turn(tmp_path):
+    # categories in blocks, as in MT-Bench: a plain limit would take only the first category
+    rows = [{"question_id": i, "category": "xyz"[i // 3], "turns": [f"q{i}"]} for i in range(9)]
+    a = tmp_path / "a.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in rows))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(["w0", "w1", "w2"]))
+    assert [p.id for p in load_prompts([a], limit=4)] == ["a:0", "a:1", "a:2", "a:3"]
+    assert [p.id for p in load_prompts([a], limit=4, spread=True)] == ["a:0", "a:3", "a:6", "a:1"]
+    assert [p.id for p in load_prompts([a, b], limit=2, spread=True)] == ["a:0", "a:3", "b:0", "b:1"]
+    assert [p.id for p in load_prompts([a], categories=["z", "y"], spread=True)] == [
+        "a:3", "a:6", "a:4", "a:7", "a:5", "a:8"]
+
+
 @pytest.mark.parametrize("content, needle", [
     ('{"turns": ["ok"]}\n{"turns": ["cut"', "line 2 is not valid JSON"),
     ('{"question": "no prompt field"}\n', "line 1 has neither 'turns'"),

@@ -60,7 +60,7 @@ def tokenizer():
 def test_draft_embeddings_are_the_targets_principal_projection(tokenizer):
     target = _tiny_target(tokenizer)
     config = draft_config(target.model.config, hidden=16, layers=1, heads=2, kv_heads=1)
-    draft = build_draft(target.model, config)
+    draft = build_draft(target.model, config, init="embeddings")
     table = target.model.get_input_embeddings().weight.detach()
     emb = draft.get_input_embeddings().weight.detach()
     assert emb.shape == (table.shape[0], 16)
@@ -72,10 +72,56 @@ def test_draft_embeddings_are_the_targets_principal_projection(tokenizer):
     assert emb.norm() ** 2 == pytest.approx(float((s[:16] ** 2).sum()), rel=1e-3)
 
 
+def _with_random_gains(target, seed=0):
+    """Non-uniform RMSNorm gains inside the layers, so an unfolded gain would show."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in target.model.model.layers:
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=g))
+    return target
+
+
+def test_sliced_draft_at_full_width_and_depth_is_the_target(tokenizer):
+    # rotating the residual stream into any orthonormal basis, with the norm gains folded into the maps
+    # that read the stream, leaves the model's function unchanged; only the final norm's gain is
+    # approximated (it meets a tied head), so it is uniform here
+    target = _with_random_gains(_tiny_target(tokenizer))
+    ids = torch.tensor(tokenizer("A short sentence to compare the two models on.")["input_ids"])
+    config = draft_config(target.model.config, hidden=48, layers=2)
+    draft = build_draft(target.model, config, samples=[ids])
+    with torch.no_grad():
+        want = target.model(ids[None]).logits
+        got = draft(ids[None]).logits
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+        # the inherited weights really are the target's: a draft whose gains were not folded differs
+        for layer in draft.model.layers:
+            layer.input_layernorm.weight.fill_(1.3)
+        assert not torch.allclose(draft(ids[None]).logits, want, atol=1e-2)
+
+
+def test_sliced_draft_cut_to_fewer_directions_and_layers(tokenizer):
+    target = _with_random_gains(_tiny_target(tokenizer))
+    ids = torch.tensor(tokenizer("Another sentence, used to measure the residual stream.")["input_ids"])
+    draft = build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1), samples=[ids])
+    assert draft.config.hidden_size == 24 and len(draft.model.layers) == 1
+    assert draft.model.layers[0].self_attn.q_proj.weight.shape == (48, 24)  # the target's heads, read from 24 dims
+    assert draft.lm_head.weight.data_ptr() == draft.get_input_embeddings().weight.data_ptr()
+    with pytest.raises(ValueError, match="heads"):
+        build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1, heads=2, kv_heads=1),
+                    samples=[ids])
+    with pytest.raises(ValueError, match="sample"):
+        build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1))
+    with pytest.raises(ValueError, match="unknown init"):
+        build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1), init="zeros")
+
+
 def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_path):
     target = _tiny_target(tokenizer)
+    # random layers (init="embeddings"), so that there is something to learn: a sliced draft of this tiny
+    # random target starts almost equal to it
     cfg = DistillConfig(prompts=8, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
-                        heads=2, kv_heads=1,
+                        heads=2, kv_heads=1, init="embeddings",
                         train=TrainConfig(steps=12, batch_tokens=40, lr=1e-2, warmup=2, eval_every=6,
                                           checkpoint_every=6))
     out = tmp_path / "run"
@@ -104,6 +150,17 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     assert [p.stat().st_mtime_ns for p in shards] == stamps
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [0, 6, 12, 18]
+
+    # another run can add this run's teacher data to its own
+    more = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
+                         extra_data=[out / "data"], train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    lines.clear()
+    distill(target, tmp_path / "more", more, say=lines.append)
+    counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
+    assert counts and counts[0] > 4
+    more.extra_data = [tmp_path / "nothing-here"]
+    with pytest.raises(ValueError, match="no teacher shards"):
+        distill(target, tmp_path / "more2", more, say=lines.append)
 
 
 def test_evaluate_pair_on_itself_and_on_another_draft(tokenizer):
@@ -138,7 +195,7 @@ def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
 def test_a_time_budget_ends_training(tokenizer, tmp_path):
     target = _tiny_target(tokenizer)
     cfg = DistillConfig(prompts=4, heldout_prompts=2, gen_batch=4, max_new_tokens=8, hidden=16, layers=1,
-                        heads=2, kv_heads=1,
+                        heads=2, kv_heads=1, init="embeddings",
                         train=TrainConfig(steps=10**6, minutes=0.03, batch_tokens=16, warmup=1, eval_every=10**6,
                                           checkpoint_every=10**6))
     last = distill(target, tmp_path / "run", cfg, say=lambda m: None)

@@ -126,3 +126,30 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
     target = tiny_llama(seed=7)
     r = generate(target, target, PROMPT, method="batch-sd", drafts=3, gamma=4, max_new_tokens=40, seed=1)
     assert r.stats["rejections"] == 0 and r.stats["target_calls"] == 8
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_cpu_head_path_gives_the_models_own_logits(n):
+    model = tiny_llama(seed=2)
+    assert model._fast_head is not None  # a plain Llama head on the CPU: computed by multispec
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([PROMPT]))
+    tokens = torch.tensor([[9, 4, 33, 21, 7][:n]])
+    with torch.no_grad():
+        got = model.forward(cache, tokens)
+        want = model.model(torch.tensor([PROMPT + tokens[0].tolist()])).logits[:, -n:].float()
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5)
+        # logits_to_keep keeps the last positions only
+        model.crop(cache, len(PROMPT))
+        assert torch.allclose(model.forward(cache, tokens, logits_to_keep=1), want[:, -1:], atol=1e-5)
+
+
+def test_cpu_head_path_is_off_for_heads_it_cannot_reproduce():
+    from multispec.models.hf import _cpu_head_weight
+
+    model = tiny_llama(seed=2).model
+    model.config.final_logit_softcapping = 30.0  # a soft-capped head: the model's own code must run
+    assert _cpu_head_weight(model) is None
+    model.config.final_logit_softcapping = None
+    assert _cpu_head_weight(model.to(torch.bfloat16)) is None

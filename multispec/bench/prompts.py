@@ -58,17 +58,28 @@ def load_prompt_file(path: str | Path, categories: list[str] | None = None, limi
 
 
 def load_prompts(paths: list[str | Path], categories: list[str] | None = None,
-                 limit: int | None = None) -> list[Prompt]:
+                 limit: int | None = None, spread: bool = False) -> list[Prompt]:
     """Several files, one after the other; `categories` filters all of them and `limit` applies to each
-    file (so MT-Bench + WMT with limit 10 gives 10 of each)."""
+    file (so MT-Bench + WMT with limit 10 gives 10 of each); `spread`: see `select_prompts`."""
     if not paths:
         raise ValueError("no prompt file given")
-    return select_prompts([load_prompt_file(p) for p in paths], categories, limit)
+    return select_prompts([load_prompt_file(p) for p in paths], categories, limit, spread)
+
+
+def _round_robin(prompts: list[Prompt]) -> list[Prompt]:
+    """The first prompt of each category (in order of first appearance), then the second of each, ..."""
+    by_category: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    lists = list(by_category.values())
+    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
 
 
 def select_prompts(groups: list[list[Prompt]], categories: list[str] | None = None,
-                   limit: int | None = None) -> list[Prompt]:
-    """`categories` filters every group, then `limit` applies to each group; ids must be unique."""
+                   limit: int | None = None, spread: bool = False) -> list[Prompt]:
+    """`categories` filters every group, then `limit` applies to each group; ids must be unique.
+    With `spread`, a group's prompts are taken from its categories in turn (round robin, file order within
+    a category), so a limit covers every category of a file whose categories come in blocks (MT-Bench)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
     if categories:
@@ -79,6 +90,8 @@ def select_prompts(groups: list[list[Prompt]], categories: list[str] | None = No
     out: list[Prompt] = []
     for file in groups:
         chosen = [p for p in file if not categories or p.category in categories]
+        if spread:
+            chosen = _round_robin(chosen)
         out.extend(chosen[:limit] if limit is not None else chosen)
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):

@@ -1,7 +1,7 @@
 """Draft training by distillation (`multispec distill`).
 
     data     the target answers a prompt pool (teacher.py, prompts.py), keeping its distributions
-    model    a narrow Llama initialised from the target's embeddings (model.py)
+    model    a narrow Llama sliced from the target's first layers, or from its embeddings only (model.py)
     train    KL to the target's distributions, checkpoints, resume, held-out evaluation (train.py)
     eval     acceptance measures of any pair on held-out MT-Bench prompts (evaluate.py)
 
@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from .model import build_draft, draft_config
 from .prompts import default_data_dir, mt_bench_prompts, prompt_pool
-from .teacher import build_dataset, load_rows
+from .teacher import build_dataset, existing_shards, load_rows
 from .train import TrainConfig, export, target_eval_probs, train
 
 __all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "distill", "mt_bench_prompts", "prompt_pool"]
@@ -28,10 +30,12 @@ class DistillConfig:
     heldout_prompts: int = 32  # pool prompts answered for the evaluation printed during training
     gen_batch: int = 32
     max_new_tokens: int = 160
-    hidden: int = 224
-    layers: int = 5
-    heads: int = 4
-    kv_heads: int = 2
+    hidden: int = 198
+    layers: int = 4
+    heads: int | None = None  # None: the target's (the sliced initialisation needs the target's)
+    kv_heads: int | None = None
+    init: str = "sliced"  # or "embeddings"
+    extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -56,15 +60,24 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))
     held_paths = build_dataset(target, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
-    train_rows, eval_rows = load_rows(train_paths), load_rows(held_paths)
+    extra = []
+    for folder in cfg.extra_data:
+        shards = existing_shards(Path(folder))
+        if not shards:
+            raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
+        extra += shards
+    train_rows, eval_rows = load_rows(train_paths + extra), load_rows(held_paths)
     n_tokens = sum(len(r["ids"]) for r in train_rows)
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
 
     config = draft_config(target.model.config, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads)
-    draft = build_draft(target.model, config, seed=cfg.train.seed)
+    # the residual basis of the sliced init is measured on the first training answers
+    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
+    draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
     n_params = sum(p.numel() for p in draft.parameters())
-    say(f"draft: {cfg.layers} layers x {cfg.hidden} wide, {n_params / 1e6:.1f} M parameters (tied head)")
+    say(f"draft: {cfg.layers} layers x {cfg.hidden} wide ({cfg.init} init), {n_params / 1e6:.1f} M parameters "
+        "(tied head)")
     step_bar = None if bar is None else bar("training")
     last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,
                  say=say, progress=step_bar)

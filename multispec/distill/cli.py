@@ -20,10 +20,15 @@ def add_parser(sub) -> None:
                    help="also stop training after this many minutes; the learning-rate schedule follows the clock")
     d.add_argument("--batch-tokens", type=int, default=2048, help="answer positions per training step")
     d.add_argument("--lr", type=float, default=2e-3)
-    d.add_argument("--hidden", type=int, default=224)
-    d.add_argument("--layers", type=int, default=5)
-    d.add_argument("--heads", type=int, default=4)
-    d.add_argument("--kv-heads", type=int, default=2)
+    d.add_argument("--hidden", type=int, default=198, help="draft width (default %(default)s)")
+    d.add_argument("--layers", type=int, default=4, help="draft layers (default %(default)s)")
+    d.add_argument("--init", choices=["sliced", "embeddings"], default="sliced",
+                   help="sliced: the target's first layers cut to the draft's width; embeddings: only the "
+                        "embedding table from the target, random layers (default %(default)s)")
+    d.add_argument("--heads", type=int, default=None, help="attention heads (default: the target's)")
+    d.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: the target's)")
+    d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
+                   help="also train on the teacher shards in DIR (e.g. an earlier run's data/); repeatable")
     d.add_argument("--eval-every", type=int, default=100)
     d.add_argument("--checkpoint-every", type=int, default=50)
     d.add_argument("--seed", type=int, default=0)
@@ -75,14 +80,18 @@ def run(args) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
     _positive(args, "prompts", "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "layers",
-              "heads", "kv-heads", "eval-every", "checkpoint-every")
+              "eval-every", "checkpoint-every")
+    for name in ("heads", "kv-heads"):
+        if getattr(args, name.replace("-", "_")) is not None:
+            _positive(args, name)
     if args.minutes is not None and args.minutes <= 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = DistillConfig(
         prompts=args.prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
-        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
+        extra_data=[Path(x) for x in args.extra_data],
         train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
                           eval_every=args.eval_every, checkpoint_every=args.checkpoint_every),
     )

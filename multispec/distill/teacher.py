@@ -65,7 +65,7 @@ def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool
 
 
 def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16, max_new_tokens: int = 192,
-                  greedy_every: int = 3, seed: int = 0, progress=None) -> list[Path]:
+                  greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
     """Answer `prompts` in batches; every `greedy_every`-th batch greedily, the others by sampling at
     temperature 1 (the draft serves both). Returns all shard paths, reusing those already written."""
     folder.mkdir(parents=True, exist_ok=True)

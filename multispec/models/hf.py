@@ -3,6 +3,12 @@
 Trees and beams pass a boolean [B, n, past + n] mask; it is handed to the model as an additive 4-D mask
 ([B, 1, n, past + n], 0 where allowed and the dtype's minimum elsewhere) together with explicit
 position ids, which transformers uses as given. Chains pass no mask and get the model's own causal path.
+
+On a CPU the output head of plain Llama-style models is computed here rather than by the model: MKL
+multiplies the [vocabulary x width] head by the few hidden states of a decoding step far faster as
+`head @ states.T` than as `states @ head.T` (measured on this project's 2-core machine, SmolLM2's
+49152 x 576 head: 3.5 ms instead of 24 ms for two positions, and, with one position padded to two,
+3.5 ms instead of 10 ms). Speculative steps score 2 to 9 positions, where the slow path hurt most.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class HFModel(LanguageModel):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.use_chat_template = chat
+        self._fast_head = _cpu_head_weight(model)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None, **kwargs):
@@ -84,14 +91,20 @@ class HFModel(LanguageModel):
             additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
             additive.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = additive[:, None]
-        out = self.model(
-            input_ids=tokens.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            **kwargs,
-        )
-        return out.logits[..., : self.vocab_size].float()
+        if self._fast_head is None or self.device.type != "cpu":
+            out = self.model(
+                input_ids=tokens.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
+            return out.logits[..., : self.vocab_size].float()
+        hidden = self.model.base_model(input_ids=tokens.to(self.device), past_key_values=cache, use_cache=True,
+                                       **kwargs).last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return _head_logits(self._fast_head[: self.vocab_size], hidden)
 
     # -- text ----------------------------------------------------------------------------------
     def encode(self, text: str, chat: bool = True) -> list[int]:
@@ -110,3 +123,28 @@ class HFModel(LanguageModel):
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# model types whose logits are exactly lm_head(final hidden state): no bias, scale or soft-capping
+_PLAIN_HEAD_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+
+
+def _cpu_head_weight(model) -> torch.Tensor | None:
+    """The head's weight where `_head_logits` may stand in for the model's own head, else None."""
+    cfg = model.config
+    head = model.get_output_embeddings()
+    if (getattr(cfg, "model_type", None) not in _PLAIN_HEAD_TYPES or not isinstance(head, torch.nn.Linear)
+            or head.bias is not None or head.weight.dtype != torch.float32
+            or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None)):
+        return None
+    return head.weight
+
+
+def _head_logits(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [B, T, H] @ weight.T as weight @ hidden.T (see the module note), float32 [B, T, V]."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    n = flat.shape[0]
+    if n == 1:  # a matrix-vector product takes MKL's slower path: pad to two columns
+        flat = torch.cat([flat, flat])
+    logits = (weight @ flat.T).T[:n].contiguous()
+    return logits.reshape(*hidden.shape[:-1], weight.shape[0])
