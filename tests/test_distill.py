@@ -158,6 +158,9 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     distill(target, tmp_path / "more", more, say=lines.append)
     counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
     assert counts and counts[0] > 4
+    # this run holds out pool prompts 4..7, which the first run trained on: their answers are dropped
+    extra = next(m for m in lines if m.startswith("extra data:"))
+    assert "(0 dropped" not in extra and "dropped: their prompts are held out" in extra
     more.extra_data = [tmp_path / "nothing-here"]
     with pytest.raises(ValueError, match="no teacher shards"):
         distill(target, tmp_path / "more2", more, say=lines.append)

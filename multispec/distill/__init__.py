@@ -66,7 +66,15 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
         if not shards:
             raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
         extra += shards
-    train_rows, eval_rows = load_rows(train_paths + extra), load_rows(held_paths)
+    train_rows, eval_rows = load_rows(train_paths), load_rows(held_paths)
+    if extra:
+        # an earlier run's answers to this run's held-out prompts would leak into the held-out curve
+        held_out = {tuple(r["prompt_ids"].tolist()) for r in eval_rows}
+        extra_rows = load_rows(extra)
+        kept = [r for r in extra_rows if tuple(r["prompt_ids"].tolist()) not in held_out]
+        say(f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
+            "their prompts are held out here)")
+        train_rows += kept
     n_tokens = sum(len(r["ids"]) for r in train_rows)
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
