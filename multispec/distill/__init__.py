@@ -53,6 +53,13 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
 
+    extra = []  # checked before the (long) generation
+    for folder in cfg.extra_data:
+        shards = existing_shards(Path(folder))
+        if not shards:
+            raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
+        extra += shards
+
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
 
@@ -60,12 +67,6 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))
     held_paths = build_dataset(target, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
-    extra = []
-    for folder in cfg.extra_data:
-        shards = existing_shards(Path(folder))
-        if not shards:
-            raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
-        extra += shards
     train_rows, eval_rows = load_rows(train_paths), load_rows(held_paths)
     if extra:
         # an earlier run's answers to this run's held-out prompts would leak into the held-out curve
