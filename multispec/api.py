@@ -13,11 +13,11 @@ import torch
 from .decoding import get_method
 from .engine import Session
 from .models.base import LanguageModel
-from .models.default import BF16_DRAFT_NAME, DEFAULT_NAMES, TARGET_NAME, load_default
+from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel
 from .warp import Sampling
 
-DEFAULT_DRAFT = BF16_DRAFT_NAME
+DEFAULT_DRAFT = DRAFT_NAME
 
 
 @dataclass
@@ -28,7 +28,8 @@ class ModelPair:
 
 
 def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME) -> LanguageModel:
-    """A default model by name ("smollm2-135m-instruct", "smollm2-135m-instruct-bf16"), else a hub id or path."""
+    """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
+    hub id or path."""
     name = name or default
     if name in DEFAULT_NAMES:
         return load_default(name, device=device)

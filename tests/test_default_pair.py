@@ -1,4 +1,4 @@
-"""The embedded default pair (SmolLM2-135M-Instruct and its bfloat16 copy), through the public API."""
+"""The embedded default pair (SmolLM2-135M-Instruct and its shipped trained draft), through the public API."""
 
 import pytest
 import torch
@@ -10,9 +10,45 @@ PROMPTS = ["Give me three tips for staying healthy.", "Translate to German: The 
 
 
 def test_pair_is_labelled_and_shares_one_tokenizer(default_pair):
+    from multispec.models.default import DRAFT_NAME
+
     assert default_pair.target.vocab_size == default_pair.draft.vocab_size == 49152
-    assert default_pair.draft.model.dtype == torch.bfloat16
-    assert "bfloat16 copy" in " ".join(default_pair.description.values())
+    assert default_pair.draft.name == DRAFT_NAME and default_pair.draft.model.dtype == torch.float32
+    assert "distilled" in default_pair.description[DRAFT_NAME]
+
+
+def test_shipped_draft_is_a_small_ordinary_checkpoint():
+    from transformers import AutoModelForCausalLM
+
+    from multispec.models.default import DRAFT_DIR
+
+    files = sorted(p.name for p in DRAFT_DIR.iterdir())
+    assert "config.json" in files and "model.safetensors" in files
+    assert sum(p.stat().st_size for p in DRAFT_DIR.iterdir()) <= 30_000_000
+    model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR)  # plain transformers, no multispec code
+    assert model.dtype == torch.bfloat16 and model.config.vocab_size == 49152
+
+
+def test_shipped_draft_is_trained_towards_the_target(default_pair):
+    # along the target's own greedy answer, the shipped draft's argmax agrees far more often than the
+    # same architecture with fresh random weights (which agrees on next to nothing)
+    from transformers import AutoModelForCausalLM
+
+    t, d = default_pair.target, default_pair.draft
+    ref = generate(t, None, PROMPTS[0], method="ar", temperature=0, max_new_tokens=48)
+    seq, start = ref.prompt_ids + ref.token_ids, len(ref.prompt_ids)
+
+    def agreement(model):
+        with torch.no_grad():
+            logits = model.forward(model.new_cache(), torch.tensor([seq]))[0, start - 1 : -1]
+        return float((logits.argmax(-1) == want).float().mean())
+
+    with torch.no_grad():
+        want = t.forward(t.new_cache(), torch.tensor([seq]))[0, start - 1 : -1].argmax(-1)
+    torch.manual_seed(0)
+    fresh = HFModel(AutoModelForCausalLM.from_config(d.model.config), t.tokenizer, name="fresh")
+    trained, untrained = agreement(d), agreement(fresh)
+    assert trained >= 0.15 and untrained <= 0.05, (trained, untrained)  # measured: 0.19 and 0.0
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -22,9 +58,20 @@ def test_greedy_sd_reproduces_greedy_ar_token_for_token(default_pair, prompt):
     sd = generate(t, d, prompt, method="sd", gamma=4, temperature=0, max_new_tokens=64)
     assert sd.token_ids == ar.token_ids
     assert sd.text == ar.text and len(ar.text) > 20
-    # one target forward per iteration, several tokens per forward with a close draft
+    # one target forward per iteration, and drafts accepted: fewer target calls than tokens
     assert sd.stats["target_calls"] == sd.stats["iterations"]
-    assert sd.stats["block_efficiency"] > 2
+    assert sd.stats["block_efficiency"] > 1.2
+
+
+def test_bfloat16_copy_stays_available_by_name():
+    from multispec import load_pair
+    from multispec.models.default import BF16_DRAFT_NAME
+
+    pair = load_pair(draft=BF16_DRAFT_NAME)
+    assert pair.draft.model.dtype == torch.bfloat16
+    ar = generate(pair.target, None, PROMPTS[1], method="ar", temperature=0, max_new_tokens=32)
+    sd = generate(pair.target, pair.draft, PROMPTS[1], method="sd", gamma=4, temperature=0, max_new_tokens=32)
+    assert sd.token_ids == ar.token_ids and sd.stats["block_efficiency"] > 2  # a near-copy: most drafts accepted
 
 
 def test_chat_template_by_default_and_off_on_request(default_pair):

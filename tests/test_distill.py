@@ -165,6 +165,19 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     with pytest.raises(ValueError, match="no teacher shards"):
         distill(target, tmp_path / "more2", more, say=lines.append)
 
+    # a run can start from a saved draft: on the same held-out answers it starts where the first run ended
+    warm = DistillConfig(prompts=8, heldout_prompts=4, gen_batch=4, max_new_tokens=12, init_from=out / "draft",
+                         train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    lines.clear()
+    distill(target, tmp_path / "warm", warm, say=lines.append)
+    assert any(m.startswith("draft: 1 layers x 32 wide (from ") for m in lines)
+    warm_log = [json.loads(x) for x in (tmp_path / "warm" / "log.jsonl").read_text().splitlines()]
+    assert warm_log[0]["step"] == 0
+    assert warm_log[0]["eval_coarse_kl"] == pytest.approx(log[-1]["eval_coarse_kl"], rel=1e-4)
+    warm.init_from = tmp_path / "nothing-here"
+    with pytest.raises(ValueError, match="no config.json"):
+        distill(target, tmp_path / "warm2", warm, say=lines.append)
+
 
 def test_evaluate_pair_on_itself_and_on_another_draft(tokenizer):
     target, other = _tiny_target(tokenizer, 0), _tiny_target(tokenizer, 1)

@@ -128,16 +128,20 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
     assert r.stats["rejections"] == 0 and r.stats["target_calls"] == 8
 
 
-@pytest.mark.parametrize("n", [1, 2, 5])
-def test_cpu_head_path_gives_the_models_own_logits(n):
+@pytest.mark.parametrize("n", [1, 2, 5, 7])
+def test_few_rows_linears_give_the_models_own_logits(n):
+    from multispec.models.hf import FEW_ROWS, FewRowsLinear
+
     model = tiny_llama(seed=2)
-    assert model._fast_head is not None  # a plain Llama head on the CPU: computed by multispec
+    linears = [m for m in model.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is FewRowsLinear for m in linears)  # float32 on the CPU: all switched
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
-    tokens = torch.tensor([[9, 4, 33, 21, 7][:n]])
+    tokens = torch.tensor([[9, 4, 33, 21, 7, 2, 40][:n]])
+    assert (n <= FEW_ROWS) == (n < 7)  # both paths are exercised
     with torch.no_grad():
         got = model.forward(cache, tokens)
-        want = model.model(torch.tensor([PROMPT + tokens[0].tolist()])).logits[:, -n:].float()
+        want = full_logits(model, PROMPT + tokens[0].tolist())[None, -n:]
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-5)
         # logits_to_keep keeps the last positions only
@@ -145,11 +149,18 @@ def test_cpu_head_path_gives_the_models_own_logits(n):
         assert torch.allclose(model.forward(cache, tokens, logits_to_keep=1), want[:, -1:], atol=1e-5)
 
 
-def test_cpu_head_path_is_off_for_heads_it_cannot_reproduce():
-    from multispec.models.hf import _cpu_head_weight
+def test_few_rows_linear_matches_linear_with_bias_and_batch_shapes():
+    from multispec.models.hf import FewRowsLinear, use_few_rows_linears
 
-    model = tiny_llama(seed=2).model
-    model.config.final_logit_softcapping = 30.0  # a soft-capped head: the model's own code must run
-    assert _cpu_head_weight(model) is None
-    model.config.final_logit_softcapping = None
-    assert _cpu_head_weight(model.to(torch.bfloat16)) is None
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(16, 24)
+    fast = torch.nn.Sequential(torch.nn.Linear(16, 24))
+    fast[0].load_state_dict(plain.state_dict())
+    assert use_few_rows_linears(fast) == 1 and type(fast[0]) is FewRowsLinear
+    for shape in [(1, 16), (1, 1, 16), (2, 3, 16), (4, 2, 16), (0, 16)]:
+        x = torch.randn(shape)
+        got = fast(x)
+        assert got.shape == (*shape[:-1], 24) and got.is_contiguous()
+        assert torch.allclose(got, plain(x), atol=1e-6)
+    # other dtypes keep the plain layer (bfloat16 is faster through the ordinary product)
+    assert use_few_rows_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16))) == 0

@@ -36,6 +36,7 @@ class DistillConfig:
     kv_heads: int | None = None
     init: str = "sliced"  # or "embeddings"
     extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
+    init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/layers/init unused)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -53,7 +54,9 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
 
-    extra = []  # checked before the (long) generation
+    if cfg.init_from is not None:  # checked before the (long) generation
+        start = _load_draft(Path(cfg.init_from), target)
+    extra = []
     for folder in cfg.extra_data:
         shards = existing_shards(Path(folder))
         if not shards:
@@ -80,16 +83,33 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
 
-    config = draft_config(target.model.config, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads)
-    # the residual basis of the sliced init is measured on the first training answers
-    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
-    draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
+    if cfg.init_from is not None:
+        draft, how = start, f"from {cfg.init_from}"
+    else:
+        config = draft_config(target.model.config, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads)
+        # the residual basis of the sliced init is measured on the first training answers
+        samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
+        draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
+        how = f"{cfg.init} init"
     n_params = sum(p.numel() for p in draft.parameters())
-    say(f"draft: {cfg.layers} layers x {cfg.hidden} wide ({cfg.init} init), {n_params / 1e6:.1f} M parameters "
-        "(tied head)")
+    say(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide ({how}), "
+        f"{n_params / 1e6:.1f} M parameters")
     step_bar = None if bar is None else bar("training")
     last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,
                  say=say, progress=step_bar)
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
+
+
+def _load_draft(folder: Path, target):
+    """A saved draft to continue training (float32), checked against the target's vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    if not (folder / "config.json").exists():
+        raise ValueError(f"--init-from {folder}: no config.json there (expected a saved draft folder)")
+    draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rows = draft.get_input_embeddings().weight.shape[0]
+    if rows < target.vocab_size:
+        raise ValueError(f"--init-from {folder}: its vocabulary has {rows} tokens, the target's {target.vocab_size}")
+    return draft

