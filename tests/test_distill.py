@@ -10,6 +10,8 @@ import torch
 from multispec.cli import main
 from multispec.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config
 from multispec.distill.evaluate import evaluate_pair
+from multispec.distill.prompts import Contamination, prompt_pool
+from multispec.distill.teacher import load_rows
 from multispec.distill.train import coarse_kl
 from multispec.models.hf import HFModel
 
@@ -151,16 +153,18 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log] == [0, 6, 12, 18]
 
-    # another run can add this run's teacher data to its own
+    # another run can add this run's teacher data to its own; the prompts answered there are neither asked
+    # again nor held out
     more = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
                          extra_data=[out / "data"], train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
     lines.clear()
     distill(target, tmp_path / "more", more, say=lines.append)
     counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
     assert counts and counts[0] > 4
-    # this run holds out pool prompts 4..7, which the first run trained on: their answers are dropped
-    extra = next(m for m in lines if m.startswith("extra data:"))
-    assert "(0 dropped" not in extra and "dropped: their prompts are held out" in extra
+    assert any(m.startswith("extra data:") and "(0 dropped" in m for m in lines)
+    first = {tuple(r["prompt_ids"].tolist()) for r in load_rows(shards)}
+    second = load_rows(sorted((tmp_path / "more").glob("*/shard-*.pt")))
+    assert second and first.isdisjoint(tuple(r["prompt_ids"].tolist()) for r in second)
     more.extra_data = [tmp_path / "nothing-here"]
     with pytest.raises(ValueError, match="no teacher shards"):
         distill(target, tmp_path / "more2", more, say=lines.append)
@@ -217,3 +221,32 @@ def test_a_time_budget_ends_training(tokenizer, tmp_path):
     last = distill(target, tmp_path / "run", cfg, say=lambda m: None)
     assert 0 < last["step"] < 10**6 and 1.8 <= last["seconds"] < 10
     assert (tmp_path / "run" / "draft" / "model.safetensors").exists()
+
+
+def test_contamination_keeps_mt_bench_wording_out_of_training(tokenizer, tmp_path):
+    check = Contamination(["Compose an engaging travel blog post about a recent trip to Hawaii."])
+    assert check("Please compose an engaging travel blog post about a recent trip to Kyoto!")
+    assert not check("Write a blog post about a trip to Kyoto.")
+    assert not check("What is the sum of the first ten integers?")  # short common phrases pass
+
+    # the pool drops its prompts that copy an evaluation prompt's wording
+    pool = prompt_pool(tmp_path)
+    question = pool[0]
+    (tmp_path / "mt_bench.jsonl").write_text(json.dumps({"turns": [question, "And again?"]}) + "\n")
+    assert question not in prompt_pool(tmp_path) and len(prompt_pool(tmp_path)) < len(pool)
+
+    # and an earlier run's answers to such a prompt are dropped from --extra-data
+    target = _tiny_target(tokenizer)
+    old = tmp_path / "old"
+    old.mkdir()
+    prompt_ids = torch.tensor(target.encode("Hi! " + question, chat=True), dtype=torch.int32)
+    row = {"prompt_ids": prompt_ids, "ids": torch.tensor([5, 6, 7], dtype=torch.int32),
+           "top_idx": torch.zeros(3, 64, dtype=torch.int32), "top_logp": torch.zeros(3, 64, dtype=torch.float16),
+           "greedy": True}
+    clean = dict(row, prompt_ids=torch.tensor(target.encode("Name a colour.", chat=True), dtype=torch.int32))
+    torch.save([row, clean], old / "shard-00000.pt")
+    cfg = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=8, hidden=32, layers=1,
+                        extra_data=[old], train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    lines = []
+    distill(target, tmp_path / "run", cfg, data_dir=tmp_path, say=lines.append)
+    assert any(m.startswith("extra data: 1 answers from 1 shards (1 dropped") for m in lines)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .model import build_draft, draft_config
-from .prompts import default_data_dir, mt_bench_prompts, prompt_pool
+from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
 from .teacher import build_dataset, existing_shards, load_rows
 from .train import TrainConfig, export, target_eval_probs, train
 
@@ -47,13 +47,6 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     if (out / "checkpoint.pt").exists() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
     data_dir = data_dir or default_data_dir()
-    pool = prompt_pool(data_dir, seed=cfg.train.seed)
-    if len(pool) < cfg.prompts + cfg.heldout_prompts:
-        raise ValueError(f"the prompt pool has {len(pool)} prompts, fewer than --prompts {cfg.prompts} "
-                         f"+ {cfg.heldout_prompts} held out")
-    train_prompts = pool[: cfg.prompts]
-    heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
-
     if cfg.init_from is not None:  # checked before the (long) generation
         start = _load_draft(Path(cfg.init_from), target)
     extra = []
@@ -62,6 +55,23 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
         if not shards:
             raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
         extra += shards
+    extra_rows = load_rows(extra)
+    if extra_rows:
+        # earlier runs' pools may have held prompts that copy MT-Bench's wording: keep those out
+        contaminated = Contamination.mt_bench(data_dir)
+        kept = [r for r in extra_rows if not contaminated(target.tokenizer.decode(r["prompt_ids"].tolist()))]
+        say(f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
+            "their prompts share wording with MT-Bench)")
+        extra_rows = kept
+
+    # prompts the extra data already answers are not asked again, and cannot be held out
+    answered = {tuple(r["prompt_ids"].tolist()) for r in extra_rows}
+    pool = [p for p in prompt_pool(data_dir, seed=cfg.train.seed) if tuple(target.encode(p, chat=True)) not in answered]
+    if len(pool) < cfg.prompts + cfg.heldout_prompts:
+        raise ValueError(f"the prompt pool has {len(pool)} prompts not answered by --extra-data, fewer than "
+                         f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out")
+    train_prompts = pool[: cfg.prompts]
+    heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
 
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
@@ -70,15 +80,7 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))
     held_paths = build_dataset(target, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
-    train_rows, eval_rows = load_rows(train_paths), load_rows(held_paths)
-    if extra:
-        # an earlier run's answers to this run's held-out prompts would leak into the held-out curve
-        held_out = {tuple(r["prompt_ids"].tolist()) for r in eval_rows}
-        extra_rows = load_rows(extra)
-        kept = [r for r in extra_rows if tuple(r["prompt_ids"].tolist()) not in held_out]
-        say(f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
-            "their prompts are held out here)")
-        train_rows += kept
+    train_rows, eval_rows = load_rows(train_paths) + extra_rows, load_rows(held_paths)
     n_tokens = sum(len(r["ids"]) for r in train_rows)
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)

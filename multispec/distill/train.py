@@ -59,6 +59,8 @@ def _batches(rows: list[dict], batch_tokens: int, seed: int, epoch: int) -> list
         if n >= batch_tokens:
             out.append(cur)
             cur, n = [], 0
+    if cur and not out:  # fewer answer tokens than one batch: train on what there is (else no step ever runs)
+        out.append(cur)
     return out
 
 
@@ -167,6 +169,8 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
         log({"step": 0, "tokens": 0, "seconds": 0.0, **{f"eval_{k}": v for k, v in ev.items()}})
         say(f"step 0: held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}")
 
+    if not train_rows:
+        raise ValueError("no teacher answers to train on (every answer was empty)")
     draft.train()
     epoch, batches = 0, _batches(train_rows, cfg.batch_tokens, cfg.seed, 0)
     seen = step  # fast-forward the deterministic batch order to where a resumed run stopped
