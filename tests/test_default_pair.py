@@ -48,7 +48,7 @@ def test_shipped_draft_is_trained_towards_the_target(default_pair):
     torch.manual_seed(0)
     fresh = HFModel(AutoModelForCausalLM.from_config(d.model.config), t.tokenizer, name="fresh")
     trained, untrained = agreement(d), agreement(fresh)
-    assert trained >= 0.15 and untrained <= 0.05, (trained, untrained)  # measured: 0.19 and 0.0
+    assert trained >= 0.15 and untrained <= 0.05, (trained, untrained)  # measured: 0.21 (0.19 for the third run) and 0.0
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

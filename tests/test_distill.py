@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from multispec.cli import main
-from multispec.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config
+from multispec.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config, mt_bench_prompts
 from multispec.distill.evaluate import evaluate_pair
 from multispec.distill.prompts import Contamination, prompt_pool
 from multispec.distill.teacher import load_rows
@@ -195,6 +195,26 @@ def test_evaluate_pair_on_itself_and_on_another_draft(tokenizer):
     assert diff["one_minus_tv"] < 0.9
     assert diff["expected_block_efficiency_t1"][3] < same["expected_block_efficiency_t1"][3]
     assert diff["step_cost_ratio"] > 0
+    assert "by_category" not in diff
+
+    # by category: the per-category measures are the overall ones split by prompt
+    cats = evaluate_pair(target, other, prompts, max_new_tokens=10, gammas=(1,), categories=["chat", "colour"])
+    assert set(cats["by_category"]) == {"chat", "colour"}
+    parts = [cats["by_category"][c]["greedy_agreement"] for c in ("chat", "colour")]
+    assert min(parts) <= cats["greedy_agreement"] <= max(parts)
+    assert cats["greedy_agreement"] == pytest.approx(diff["greedy_agreement"])
+    with pytest.raises(ValueError, match="categories"):
+        evaluate_pair(target, other, prompts, categories=["chat"])
+
+
+def test_mt_bench_prompts_in_file_order_or_spread(tmp_path):
+    rows = [{"category": c, "turns": [f"{c} {i}?"]} for c in ("writing", "math") for i in range(3)]
+    (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert mt_bench_prompts(tmp_path)[:3] == ["writing 0?", "writing 1?", "writing 2?"]
+    assert mt_bench_prompts(tmp_path, spread=True, with_categories=True)[:3] == [
+        ("writing 0?", "writing"), ("math 0?", "math"), ("writing 1?", "writing")]
+    with pytest.raises(ValueError, match="does not exist"):
+        mt_bench_prompts(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -40,6 +40,9 @@ def add_parser(sub) -> None:
                         "efficiency and step-cost ratio on held-out MT-Bench prompts")
     d.add_argument("--draft", default=None, help="with --eval: the draft to measure (default: the default draft)")
     d.add_argument("--eval-prompts", type=int, default=20, help="with --eval: MT-Bench prompts (default %(default)s)")
+    d.add_argument("--spread", action="store_true",
+                   help="with --eval: take MT-Bench's categories in turn (its first 20 are all writing and "
+                        "roleplay) and report each category")
     d.add_argument("--eval-tokens", type=int, default=64, help="with --eval: answer length (default %(default)s)")
     d.add_argument("--json", action="store_true", help="with --eval: print the numbers as one JSON object")
 
@@ -62,13 +65,14 @@ def run(args) -> int:
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     if args.eval:
         _positive(args, "eval-prompts", "eval-tokens")
-        prompts = mt_bench_prompts(data_dir)[: args.eval_prompts]
+        rows = mt_bench_prompts(data_dir, spread=args.spread, with_categories=True)[: args.eval_prompts]
+        prompts, categories = [text for text, _ in rows], [c for _, c in rows]
         pair = load_pair(args.target, args.draft)
         if pair.draft is None:
             raise ValueError("--eval needs a draft: pass --draft")
         bar = tqdm(total=len(prompts), desc="eval", unit="prompt", file=sys.stderr, disable=args.json)
         report = evaluate_pair(pair.target, pair.draft, prompts, max_new_tokens=args.eval_tokens,
-                               progress=lambda i, n: bar.update(1))
+                               progress=lambda i, n: bar.update(1), categories=categories if args.spread else None)
         bar.close()
         if args.json:
             print(json.dumps({"models": pair.description, **report}))

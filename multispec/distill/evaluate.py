@@ -43,8 +43,12 @@ def step_cost(model, prompt_ids: list[int], steps: int = 32, repeats: int = 3) -
 
 
 def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, gammas=(1, 2, 3, 4, 5, 6, 8),
-                  seed: int = 0, progress=None) -> dict:
+                  seed: int = 0, progress=None, categories: list[str] | None = None) -> dict:
+    """`categories` (one per prompt) adds the two acceptance measures by category."""
+    if categories is not None and len(categories) != len(prompts):
+        raise ValueError(f"{len(categories)} categories for {len(prompts)} prompts")
     tv_accept, agree = [], []
+    by_category: dict[str, dict[str, list[float]]] = {}
     calls = {"t1": {g: 0.0 for g in gammas}, "t0": {g: 0.0 for g in gammas}}
     tokens = {"t1": 0, "t0": 0}
     for i, prompt in enumerate(prompts):
@@ -61,6 +65,8 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
             else:
                 accept = (t_logits.argmax(-1) == d_logits.argmax(-1)).double()
                 agree.extend(accept.tolist())
+            if categories is not None:
+                by_category.setdefault(categories[i], {"t1": [], "t0": []})[key].extend(accept.tolist())
             acc = accept.numpy()
             tokens[key] += len(acc)
             for g in gammas:
@@ -69,7 +75,7 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
             progress(i + 1, len(prompts))
     ids = target.encode(prompts[0])
     t_step, d_step = step_cost(target, ids), step_cost(draft, ids)
-    return {
+    report = {
         "prompts": len(prompts),
         "positions_t1": len(tv_accept),
         "positions_t0": len(agree),
@@ -81,6 +87,13 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
         "draft_step_ms": 1000 * d_step,
         "step_cost_ratio": d_step / t_step,
     }
+    if categories is not None:
+        report["by_category"] = {
+            c: {"prompts": categories.count(c), "one_minus_tv": float(np.mean(v["t1"])) if v["t1"] else None,
+                "greedy_agreement": float(np.mean(v["t0"])) if v["t0"] else None}
+            for c, v in by_category.items()
+        }
+    return report
 
 
 def format_report(r: dict, target_name: str, draft_name: str) -> str:
@@ -95,4 +108,9 @@ def format_report(r: dict, target_name: str, draft_name: str) -> str:
     for key, label in (("t0", "temperature 0"), ("t1", "temperature 1")):
         row = ", ".join(f"{g}: {v:.2f}" for g, v in r[f"expected_block_efficiency_{key}"].items())
         lines.append(f"    {label}: {row}")
+    if r.get("by_category"):
+        lines.append("  by category (prompts: 1 - TV / greedy agreement):")
+        for c, v in r["by_category"].items():
+            tv, ag = (f"{v[k]:.3f}" if v[k] is not None else "-" for k in ("one_minus_tv", "greedy_agreement"))
+            lines.append(f"    {c:<12} {v['prompts']:>3}: {tv} / {ag}")
     return "\n".join(lines)

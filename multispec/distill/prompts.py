@@ -448,11 +448,16 @@ def prompt_pool(data_dir: Path, seed: int = 0) -> list[str]:
     return [p for p in prompts if not contaminated(p)]
 
 
-def mt_bench_prompts(data_dir: Path) -> list[str]:
+def mt_bench_prompts(data_dir: Path, spread: bool = False, with_categories: bool = False) -> list:
+    """MT-Bench's first turns in file order, or with `spread` its categories in turn; with
+    `with_categories`, (text, category) pairs."""
+    from ..bench.prompts import load_prompts
+
     path = data_dir / "mt_bench.jsonl"
     if not path.exists():
         raise ValueError(f"held-out prompt file {path} does not exist")
-    return [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+    rows = load_prompts([path], spread=spread)
+    return [(p.text, p.category) if with_categories else p.text for p in rows]
 
 
 def default_data_dir() -> Path:
