@@ -66,7 +66,9 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
 
     # prompts the extra data already answers are not asked again, and cannot be held out
     answered = {tuple(r["prompt_ids"].tolist()) for r in extra_rows}
-    pool = [p for p in prompt_pool(data_dir, seed=cfg.train.seed) if tuple(target.encode(p, chat=True)) not in answered]
+    pool = prompt_pool(data_dir, seed=cfg.train.seed)
+    if answered:  # tokenising the whole pool is only needed to match it against extra data
+        pool = [p for p in pool if tuple(target.encode(p, chat=True)) not in answered]
     if len(pool) < cfg.prompts + cfg.heldout_prompts:
         raise ValueError(f"the prompt pool has {len(pool)} prompts not answered by --extra-data, fewer than "
                          f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out")
