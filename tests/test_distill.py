@@ -270,3 +270,24 @@ def test_contamination_keeps_mt_bench_wording_out_of_training(tokenizer, tmp_pat
     lines = []
     distill(target, tmp_path / "run", cfg, data_dir=tmp_path, say=lines.append)
     assert any(m.startswith("extra data: 1 answers from 1 shards (1 dropped") for m in lines)
+
+
+def test_data_prompts_hand_over_records_the_answer_must_draw_on():
+    import random
+    import re
+
+    from multispec.distill.prompts import PLACES, _data_prompts
+
+    prompts = _data_prompts(random.Random(3), 40)
+    assert len(prompts) == 40
+    for i, text in enumerate(prompts):
+        task, _, records = text.partition("\n\n")
+        rows = records.splitlines()
+        kind = i % 4
+        # 3-5 records (the CSV kind: 5-7 days under a header row)
+        assert (5 <= len(rows) - 1 <= 7) if kind == 3 else (3 <= len(rows) <= 5), text
+        if kind == 2 and "set in" in task:  # the place asked about is one of the works' settings
+            asked = re.search(r"set in (.+?)\?", task).group(1)
+            assert asked in PLACES and any(f"through {asked} " in r for r in rows), text
+        if kind == 3:
+            assert rows[0] == "date,units,revenue" and all(len(r.split(",")) == 3 for r in rows[1:])
