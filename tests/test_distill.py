@@ -291,3 +291,12 @@ def test_data_prompts_hand_over_records_the_answer_must_draw_on():
             assert asked in PLACES and any(f"through {asked} " in r for r in rows), text
         if kind == 3:
             assert rows[0] == "date,units,revenue" and all(len(r.split(",")) == 3 for r in rows[1:])
+
+
+def test_training_without_answers_stops_with_a_clear_error(tokenizer, tmp_path):
+    from multispec.distill.train import train
+
+    draft = _tiny_target(tokenizer).model
+    with pytest.raises(ValueError, match="no teacher answers to train on"):
+        train(draft, tokenizer, [], [], [], tmp_path, TrainConfig(steps=1, warmup=1))
+    assert not (tmp_path / "log.jsonl").exists()  # it stops before any evaluation or log

@@ -136,6 +136,8 @@ def export(draft, tokenizer, folder: Path) -> None:
 
 def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_probs: list[torch.Tensor],
           out: Path, cfg: TrainConfig, resume: bool = False, say=print, progress=None) -> dict:
+    if not train_rows:
+        raise ValueError("no teacher answers to train on (every answer was empty)")
     torch.manual_seed(cfg.seed)
     optim = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
 
@@ -169,8 +171,6 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
         log({"step": 0, "tokens": 0, "seconds": 0.0, **{f"eval_{k}": v for k, v in ev.items()}})
         say(f"step 0: held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}")
 
-    if not train_rows:
-        raise ValueError("no teacher answers to train on (every answer was empty)")
     draft.train()
     epoch, batches = 0, _batches(train_rows, cfg.batch_tokens, cfg.seed, 0)
     seen = step  # fast-forward the deterministic batch order to where a resumed run stopped
