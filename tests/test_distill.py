@@ -10,6 +10,7 @@ import torch
 from multispec.cli import main
 from multispec.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config, mt_bench_prompts
 from multispec.distill.evaluate import evaluate_pair
+from multispec.distill.model import mlp_importance, reshape_draft
 from multispec.distill.prompts import Contamination, prompt_pool
 from multispec.distill.teacher import load_rows
 from multispec.distill.train import coarse_kl
@@ -102,6 +103,38 @@ def test_sliced_draft_at_full_width_and_depth_is_the_target(tokenizer):
         assert not torch.allclose(draft(ids[None]).logits, want, atol=1e-2)
 
 
+def test_reshaped_draft_gains_identity_layers_and_keeps_its_strongest_mlp_units(tokenizer):
+    model = _with_random_gains(_tiny_target(tokenizer)).model  # a trained draft stand-in: 2 layers, MLP 96
+    ids = torch.tensor(tokenizer("Some words to weigh the MLP units with, and then some more words.")["input_ids"])
+    with torch.no_grad():
+        want = model(ids[None]).logits
+        deeper = reshape_draft(model, layers=4, intermediate=96, samples=[ids])
+        assert len(deeper.model.layers) == 4
+        # the new layers read the stream through random maps but write nothing yet: the same function
+        assert deeper.model.layers[3].mlp.up_proj.weight.abs().sum() > 0
+        assert torch.allclose(deeper(ids[None]).logits, want, atol=1e-5)
+        assert deeper.lm_head.weight.data_ptr() == deeper.get_input_embeddings().weight.data_ptr()
+
+        narrow = reshape_draft(model, layers=2, intermediate=48, samples=[ids])
+        assert narrow.model.layers[0].mlp.down_proj.weight.shape == (48, 48)
+        assert narrow.config.intermediate_size == 48
+        # keeping the units that contribute most loses less than keeping those that contribute least
+        weakest = reshape_draft(model, layers=2, intermediate=48, samples=[ids])
+        for layer, src, scores in zip(weakest.model.layers, model.model.layers, mlp_importance(model, [ids]),
+                                      strict=True):
+            k = scores.topk(48, largest=False).indices.sort().values
+            src = src.mlp
+            layer.mlp.gate_proj.weight.copy_(src.gate_proj.weight[k])
+            layer.mlp.up_proj.weight.copy_(src.up_proj.weight[k])
+            layer.mlp.down_proj.weight.copy_(src.down_proj.weight[:, k])
+        kept_error = (narrow(ids[None]).logits - want).abs().mean()
+        assert kept_error < (weakest(ids[None]).logits - want).abs().mean()
+    with pytest.raises(ValueError, match="only adds layers"):
+        reshape_draft(model, layers=1, intermediate=96, samples=[ids])
+    with pytest.raises(ValueError, match="only narrows"):
+        reshape_draft(model, layers=2, intermediate=128, samples=[ids])
+
+
 def test_sliced_draft_cut_to_fewer_directions_and_layers(tokenizer):
     target = _with_random_gains(_tiny_target(tokenizer))
     ids = torch.tensor(tokenizer("Another sentence, used to measure the residual stream.")["input_ids"])
@@ -174,10 +207,16 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
                          train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
     lines.clear()
     distill(target, tmp_path / "warm", warm, say=lines.append)
-    assert any(m.startswith("draft: 1 layers x 32 wide (from ") for m in lines)
+    assert any(m.startswith("draft: 1 layers x 32 wide, MLP 96 (from ") for m in lines)
     warm_log = [json.loads(x) for x in (tmp_path / "warm" / "log.jsonl").read_text().splitlines()]
     assert warm_log[0]["step"] == 0
     assert warm_log[0]["eval_coarse_kl"] == pytest.approx(log[-1]["eval_coarse_kl"], rel=1e-4)
+    # ... and can grow deeper and narrower on the way
+    warm.layers, warm.intermediate = 2, 48
+    distill(target, tmp_path / "grown", warm, say=lines.append)
+    assert any(m.startswith("draft: 2 layers x 32 wide, MLP 48 (from ") and "reshaped from 1 layers" in m for m in lines)
+    assert HFModel.from_pretrained(str(tmp_path / "grown" / "draft")).model.config.num_hidden_layers == 2
+    warm.layers = warm.intermediate = None
     warm.init_from = tmp_path / "nothing-here"
     with pytest.raises(ValueError, match="no config.json"):
         distill(target, tmp_path / "warm2", warm, say=lines.append)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .model import build_draft, draft_config
+from .model import build_draft, draft_config, reshape_draft
 from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
 from .teacher import build_dataset, existing_shards, load_rows
 from .train import TrainConfig, export, target_eval_probs, train
@@ -31,12 +31,14 @@ class DistillConfig:
     gen_batch: int = 32
     max_new_tokens: int = 160
     hidden: int = 198
-    layers: int = 4
+    layers: int | None = None  # None: 4 for a new draft, unchanged for init_from
+    intermediate: int | None = None  # MLP width; None: the target's for a new draft, unchanged for init_from
     heads: int | None = None  # None: the target's (the sliced initialisation needs the target's)
     kv_heads: int | None = None
     init: str = "sliced"  # or "embeddings"
     extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
-    init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/layers/init unused)
+    init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/init unused; more
+    # layers or a narrower MLP reshape it, see model.reshape_draft)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -87,16 +89,27 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
 
+    # the sliced init's residual basis and the reshape's MLP pruning are measured on the first training answers
+    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
     if cfg.init_from is not None:
         draft, how = start, f"from {cfg.init_from}"
+        layers = cfg.layers or start.config.num_hidden_layers
+        intermediate = cfg.intermediate or start.config.intermediate_size
+        if (layers, intermediate) != (start.config.num_hidden_layers, start.config.intermediate_size):
+            draft = reshape_draft(start, layers, intermediate, samples, seed=cfg.train.seed)
+            how += f", reshaped from {start.config.num_hidden_layers} layers with MLP {start.config.intermediate_size}"
     else:
-        config = draft_config(target.model.config, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads)
-        # the residual basis of the sliced init is measured on the first training answers
-        samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
+        # a sliced draft inherits the target's whole MLP; a narrower one keeps the units that contribute most
+        prune = cfg.init == "sliced" and cfg.intermediate and cfg.intermediate < target.model.config.intermediate_size
+        config = draft_config(target.model.config, cfg.hidden, cfg.layers or 4, cfg.heads, cfg.kv_heads,
+                              intermediate=None if prune else cfg.intermediate)
         draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
+        if prune:
+            draft = reshape_draft(draft, config.num_hidden_layers, cfg.intermediate, samples, seed=cfg.train.seed)
         how = f"{cfg.init} init"
     n_params = sum(p.numel() for p in draft.parameters())
-    say(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide ({how}), "
+    say(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
+        f"{draft.config.intermediate_size} ({how}), "
         f"{n_params / 1e6:.1f} M parameters")
     step_bar = None if bar is None else bar("training")
     last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,

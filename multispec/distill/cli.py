@@ -21,7 +21,12 @@ def add_parser(sub) -> None:
     d.add_argument("--batch-tokens", type=int, default=2048, help="answer positions per training step")
     d.add_argument("--lr", type=float, default=2e-3)
     d.add_argument("--hidden", type=int, default=198, help="draft width (default %(default)s)")
-    d.add_argument("--layers", type=int, default=4, help="draft layers (default %(default)s)")
+    d.add_argument("--layers", type=int, default=None,
+                   help="draft layers (default 4; with --init-from, more layers than the saved draft's are added "
+                        "on top, starting as the identity)")
+    d.add_argument("--intermediate", type=int, default=None,
+                   help="MLP width (default: the target's; with --init-from, a narrower width keeps the MLP units "
+                        "that contribute most)")
     d.add_argument("--init", choices=["sliced", "embeddings"], default="sliced",
                    help="sliced: the target's first layers cut to the draft's width; embeddings: only the "
                         "embedding table from the target, random layers (default %(default)s)")
@@ -85,9 +90,11 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
-    _positive(args, "prompts", "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "layers",
-              "eval-every", "checkpoint-every")
-    for name in ("heads", "kv-heads"):
+    _positive(args, "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "eval-every",
+              "checkpoint-every")
+    if args.prompts < (0 if args.extra_data else 1):
+        raise ValueError(f"--prompts must be >= 1 (or 0 with --extra-data: train on earlier data only), got {args.prompts}")
+    for name in ("heads", "kv-heads", "layers", "intermediate"):
         if getattr(args, name.replace("-", "_")) is not None:
             _positive(args, name)
     if args.minutes is not None and args.minutes <= 0:
@@ -96,7 +103,7 @@ def run(args) -> int:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = DistillConfig(
         prompts=args.prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
-        layers=args.layers, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
+        layers=args.layers, intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
         extra_data=[Path(x) for x in args.extra_data],
         init_from=Path(args.init_from) if args.init_from else None,
         train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,

@@ -128,3 +128,60 @@ def build_draft(target_model, config: LlamaConfig, seed: int = 0, init: str = "s
     draft.model.norm.weight.copy_(scale * ((basis * g_final[:, None]) * basis).sum(0))
     draft.tie_weights()
     return draft
+
+
+@torch.no_grad()
+def mlp_importance(draft, samples: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per layer, each MLP unit's mean |activation| on `samples` times the norm of what it writes back:
+    the size of its contribution to the residual stream."""
+    totals = [torch.zeros(layer.mlp.down_proj.in_features) for layer in draft.model.layers]
+
+    def hook(i):
+        def record(module, inputs, output):  # returns None: the layer's output is left alone
+            totals[i].add_(inputs[0].detach().float().abs().flatten(0, -2).sum(0))
+        return record
+
+    hooks = [layer.mlp.down_proj.register_forward_hook(hook(i)) for i, layer in enumerate(draft.model.layers)]
+    try:
+        for ids in samples:
+            draft(ids[None].long(), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [t * layer.mlp.down_proj.weight.float().norm(dim=0) for t, layer in zip(totals, draft.model.layers, strict=True)]
+
+
+@torch.no_grad()
+def reshape_draft(draft, layers: int, intermediate: int, samples: list[torch.Tensor], seed: int = 0):
+    """A trained draft with more layers and/or a narrower MLP, computing nearly what it computed.
+
+    The MLP keeps, in every layer, the `intermediate` units that contribute most on `samples` (pruning is
+    the only lossy part). New layers go on top and start as the identity: random input maps, zero output
+    maps (o_proj, down_proj), so the stream reaching the head is unchanged until training moves them.
+    """
+    old = draft.config
+    if layers < old.num_hidden_layers:
+        raise ValueError(f"--layers {layers} is fewer than the {old.num_hidden_layers} layers of the draft being "
+                         "continued; reshaping only adds layers")
+    if intermediate > old.intermediate_size:
+        raise ValueError(f"--intermediate {intermediate} is wider than the draft's MLP ({old.intermediate_size}); "
+                         "reshaping only narrows it")
+    if intermediate < 1:
+        raise ValueError(f"--intermediate must be >= 1, got {intermediate}")
+    keep = [s.topk(intermediate).indices.sort().values for s in mlp_importance(draft, samples)]
+    config = LlamaConfig(**{**old.to_dict(), "num_hidden_layers": layers, "intermediate_size": intermediate})
+    torch.manual_seed(seed)
+    grown = LlamaForCausalLM(config).to(draft.dtype)
+    state = draft.state_dict()
+    for i, k in enumerate(keep):
+        for name in ("gate_proj", "up_proj"):
+            state[f"model.layers.{i}.mlp.{name}.weight"] = state[f"model.layers.{i}.mlp.{name}.weight"][k]
+        state[f"model.layers.{i}.mlp.down_proj.weight"] = state[f"model.layers.{i}.mlp.down_proj.weight"][:, k]
+    for layer in grown.model.layers[old.num_hidden_layers:]:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    missing, unexpected = grown.load_state_dict(state, strict=False)
+    if unexpected or any(not m.startswith("model.layers.") for m in missing):
+        raise RuntimeError(f"reshaping lost weights: missing {missing}, unexpected {unexpected}")
+    grown.tie_weights()
+    return grown
