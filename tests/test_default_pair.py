@@ -109,3 +109,27 @@ def test_draft_with_an_embedding_table_padded_past_the_tokenizer(default_pair):
     ar = generate(t, None, PROMPTS[1], method="ar", temperature=0, max_new_tokens=16)
     sd = generate(t, padded, PROMPTS[1], method="sd", gamma=2, temperature=0, max_new_tokens=16)
     assert sd.token_ids == ar.token_ids
+
+
+def test_the_target_writes_its_own_prompts(default_pair):
+    from multispec.distill.teacher import self_written_prompts, user_turn_prefix
+
+    target = default_pair.target
+    prefix = user_turn_prefix(target.tokenizer)
+    assert prefix.endswith("<|im_start|>user\n") and "system" in prefix
+    first = self_written_prompts(target, 6, batch_size=8, max_new_tokens=64, seed=3)
+    assert 0 < len(first) <= 6 and len(set(first)) == len(first)
+    assert all(len(p.split()) >= 4 and "<|im" not in p for p in first)
+    assert self_written_prompts(target, 6, batch_size=8, max_new_tokens=64, seed=3) == first  # same seed
+    # `keep` filters (the contamination check goes there): refusing all leaves none, after bounded tries
+    assert self_written_prompts(target, 2, batch_size=2, max_new_tokens=8, keep=lambda text: False) == []
+
+
+def test_self_prompts_need_a_chat_template(default_pair):
+    from multispec.distill.teacher import user_turn_prefix
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="chat template"):
+        user_turn_prefix(NoTemplate())

@@ -189,9 +189,12 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     # another run can add this run's teacher data to its own; the prompts answered there are neither asked
     # again nor held out
     more = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
-                         extra_data=[out / "data"], train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+                         extra_data=[out / "data"], self_prompts=2, train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
     lines.clear()
     distill(target, tmp_path / "more", more, say=lines.append)
+    # the target was asked for its own prompts too (a random tiny target rarely finishes a turn: maybe none)
+    written = json.loads((tmp_path / "more" / "self-prompts.json").read_text())
+    assert len(written) <= 2 and any(m.startswith(f"self-written prompts: {len(written)} (of 2 asked)") for m in lines)
     counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
     assert counts and counts[0] > 4
     assert any(m.startswith("extra data:") and "(0 dropped" in m for m in lines)

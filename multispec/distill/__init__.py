@@ -11,6 +11,8 @@ draft/ (an ordinary transformers checkpoint of the draft, with the target's toke
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import torch
 
 from .model import build_draft, draft_config, reshape_draft
 from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
-from .teacher import build_dataset, existing_shards, load_rows
+from .teacher import build_dataset, existing_shards, load_rows, self_written_prompts
 from .train import TrainConfig, export, target_eval_probs, train
 
 __all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "distill", "mt_bench_prompts", "prompt_pool"]
@@ -27,6 +29,7 @@ __all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "disti
 @dataclass
 class DistillConfig:
     prompts: int = 768  # training prompts taken from the pool
+    self_prompts: int = 0  # training prompts the target writes itself (teacher.self_written_prompts)
     heldout_prompts: int = 32  # pool prompts answered for the evaluation printed during training
     gen_batch: int = 32
     max_new_tokens: int = 160
@@ -76,6 +79,8 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                          f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out")
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
+    if cfg.self_prompts:
+        train_prompts += _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say)
 
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
@@ -117,6 +122,21 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
+
+
+def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say) -> list[str]:
+    """The target's own prompts, written once per run folder (a resumed run answers the same ones)."""
+    if path.exists():
+        prompts = json.loads(path.read_text())
+    else:
+        contaminated = Contamination.mt_bench(data_dir)
+        prompts = self_written_prompts(target, cfg.self_prompts, cfg.gen_batch, seed=cfg.train.seed + 20_000,
+                                       keep=lambda text: not contaminated(text))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(prompts, indent=0))
+        os.replace(tmp, path)
+    say(f"self-written prompts: {len(prompts)} (of {cfg.self_prompts} asked), in {path}")
+    return prompts
 
 
 def _load_draft(folder: Path, target):

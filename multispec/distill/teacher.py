@@ -89,3 +89,44 @@ def load_rows(paths: list[Path]) -> list[dict]:
     for p in paths:
         rows.extend(torch.load(p, weights_only=True))
     return rows
+
+
+def user_turn_prefix(tokenizer) -> str:
+    """The chat text up to where a user's message begins (the default system prompt included)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("self-written prompts need a target whose tokenizer has a chat template")
+    marker = "\x00USER\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True)
+    return text.split(marker)[0]
+
+
+@torch.inference_mode()
+def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: int = 96, seed: int = 0,
+                         keep=lambda text: True, progress=None) -> list[str]:
+    """`n` user messages written by the target itself, sampled at temperature 1 after the chat prefix of
+    a user turn: requests in the target's own chat distribution, which a fixed pool of templates does not
+    reach. Only finished turns (ending in the end-of-turn token) of 4+ words that `keep` accepts are kept,
+    without repeats; after 4x the batches that `n` needs it stops with what it has."""
+    ids = target.tokenizer(user_turn_prefix(target.tokenizer), add_special_tokens=False)["input_ids"]
+    stop = target.eos_token_id
+    pad = stop if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
+    out, seen = [], set()
+    tries = 4 * -(-n // batch_size)
+    for b in range(tries):
+        if len(out) >= n:
+            break
+        torch.manual_seed(seed + b)
+        batch = torch.tensor([ids] * batch_size, device=target.device)
+        gen = target.model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
+                                    top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                    eos_token_id=stop)[:, len(ids):].tolist()
+        for row in gen:
+            if stop not in row:
+                continue  # ran out of tokens mid-message
+            text = target.tokenizer.decode(row[: row.index(stop)], skip_special_tokens=True).strip()
+            if len(text.split()) >= 4 and text not in seen and keep(text):
+                seen.add(text)
+                out.append(text)
+        if progress is not None:
+            progress(min(len(out), n), n)
+    return out[:n]
