@@ -120,7 +120,14 @@ def test_the_target_writes_its_own_prompts(default_pair):
     first = self_written_prompts(target, 6, batch_size=8, max_new_tokens=64, seed=3)
     assert 0 < len(first) <= 6 and len(set(first)) == len(first)
     assert all(len(p.split()) >= 4 and "<|im" not in p for p in first)
-    assert self_written_prompts(target, 6, batch_size=8, max_new_tokens=64, seed=3) == first  # same seed
+    # same seed, same prompts; also when the writing is interrupted after its first batch and continued
+    states = []
+    again = self_written_prompts(target, 6, batch_size=4, max_new_tokens=64, seed=3, on_batch=states.append)
+    assert states and states[-1]["prompts"][:6] == again and len(states[0]["prompts"]) <= 4
+    resumed = []
+    assert self_written_prompts(target, 6, batch_size=4, max_new_tokens=64, seed=3, state=states[0],
+                                on_batch=resumed.append) == again
+    assert resumed[0]["batches"] == 2  # the first batch was not written again
     # `keep` filters (the contamination check goes there): refusing all leaves none, after bounded tries
     assert self_written_prompts(target, 2, batch_size=2, max_new_tokens=8, keep=lambda text: False) == []
 

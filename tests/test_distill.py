@@ -193,7 +193,7 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     lines.clear()
     distill(target, tmp_path / "more", more, say=lines.append)
     # the target was asked for its own prompts too (a random tiny target rarely finishes a turn: maybe none)
-    written = json.loads((tmp_path / "more" / "self-prompts.json").read_text())
+    written = json.loads((tmp_path / "more" / "self-prompts.json").read_text())["prompts"]
     assert len(written) <= 2 and any(m.startswith(f"self-written prompts: {len(written)} (of 2 asked)") for m in lines)
     counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
     assert counts and counts[0] > 4

@@ -80,7 +80,7 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
     if cfg.self_prompts:
-        train_prompts += _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say)
+        train_prompts += _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say, bar)
 
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
@@ -124,19 +124,27 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     return last
 
 
-def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say) -> list[str]:
-    """The target's own prompts, written once per run folder (a resumed run answers the same ones)."""
-    if path.exists():
-        prompts = json.loads(path.read_text())
-    else:
+def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, bar=None) -> list[str]:
+    """The target's own prompts, written once per run folder and saved after every batch (an interrupted
+    run continues the writing; a resumed one answers the same prompts)."""
+    state = json.loads(path.read_text()) if path.exists() else {}
+    if not state.get("done"):
         contaminated = Contamination.mt_bench(data_dir)
+        update = bar("self-written prompts") if bar is not None else None
+
+        def save(s: dict) -> None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(s, indent=0))
+            os.replace(tmp, path)
+            if update is not None:
+                update(min(len(s["prompts"]), cfg.self_prompts), cfg.self_prompts)
+
         prompts = self_written_prompts(target, cfg.self_prompts, cfg.gen_batch, seed=cfg.train.seed + 20_000,
-                                       keep=lambda text: not contaminated(text))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(prompts, indent=0))
-        os.replace(tmp, path)
-    say(f"self-written prompts: {len(prompts)} (of {cfg.self_prompts} asked), in {path}")
-    return prompts
+                                       keep=lambda text: not contaminated(text), state=state, on_batch=save)
+        state = {"done": True, "prompts": prompts}
+        save(state)
+    say(f"self-written prompts: {len(state['prompts'])} (of {cfg.self_prompts} asked), in {path}")
+    return state["prompts"]
 
 
 def _load_draft(folder: Path, target):

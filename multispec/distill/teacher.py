@@ -102,20 +102,23 @@ def user_turn_prefix(tokenizer) -> str:
 
 @torch.inference_mode()
 def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: int = 96, seed: int = 0,
-                         keep=lambda text: True, progress=None) -> list[str]:
+                         keep=lambda text: True, state: dict | None = None, on_batch=None) -> list[str]:
     """`n` user messages written by the target itself, sampled at temperature 1 after the chat prefix of
     a user turn: requests in the target's own chat distribution, which a fixed pool of templates does not
     reach. Only finished turns (ending in the end-of-turn token) of 4+ words that `keep` accepts are kept,
-    without repeats; after 4x the batches that `n` needs it stops with what it has."""
+    without repeats; after 4x the batches that `n` needs it stops with what it has.
+
+    `state` ({"batches": done, "prompts": [...]}, as passed to `on_batch(state)` after every batch)
+    continues an interrupted call where it stopped, with the same result as an uninterrupted one."""
     ids = target.tokenizer(user_turn_prefix(target.tokenizer), add_special_tokens=False)["input_ids"]
     stop = target.eos_token_id
     pad = stop if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
-    out, seen = [], set()
-    tries = 4 * -(-n // batch_size)
-    for b in range(tries):
+    state = {"batches": 0, "prompts": [], **(state or {})}
+    out, seen = list(state["prompts"]), set(state["prompts"])
+    for b in range(state["batches"], 4 * -(-n // batch_size)):
         if len(out) >= n:
             break
-        torch.manual_seed(seed + b)
+        torch.manual_seed(seed + b)  # batch b is the same whether or not the call was interrupted before it
         batch = torch.tensor([ids] * batch_size, device=target.device)
         gen = target.model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
                                     top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
@@ -127,6 +130,6 @@ def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: i
             if len(text.split()) >= 4 and text not in seen and keep(text):
                 seen.add(text)
                 out.append(text)
-        if progress is not None:
-            progress(min(len(out), n), n)
+        if on_batch is not None:
+            on_batch({"batches": b + 1, "prompts": list(out)})
     return out[:n]
