@@ -219,6 +219,10 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     distill(target, tmp_path / "grown", warm, say=lines.append)
     assert any(m.startswith("draft: 2 layers x 32 wide, MLP 48 (from ") and "reshaped from 1 layers" in m for m in lines)
     assert HFModel.from_pretrained(str(tmp_path / "grown" / "draft")).model.config.num_hidden_layers == 2
+    warm.layers, warm.intermediate = None, 128  # wider than the saved MLP: refused before any generation
+    with pytest.raises(ValueError, match="only adds layers and narrows"):
+        distill(target, tmp_path / "wider", warm, say=lines.append)
+    assert not (tmp_path / "wider" / "data").exists()
     warm.layers = warm.intermediate = None
     warm.init_from = tmp_path / "nothing-here"
     with pytest.raises(ValueError, match="no config.json"):

@@ -54,6 +54,9 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     data_dir = data_dir or default_data_dir()
     if cfg.init_from is not None:  # checked before the (long) generation
         start = _load_draft(Path(cfg.init_from), target)
+        if (cfg.layers or 10**9) < start.config.num_hidden_layers or (cfg.intermediate or 0) > start.config.intermediate_size:
+            raise ValueError(f"--init-from {cfg.init_from} has {start.config.num_hidden_layers} layers with MLP "
+                             f"{start.config.intermediate_size}; reshaping only adds layers and narrows the MLP")
     extra = []
     for folder in cfg.extra_data:
         shards = existing_shards(Path(folder))
