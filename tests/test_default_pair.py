@@ -128,6 +128,8 @@ def test_the_target_writes_its_own_prompts(default_pair):
     assert self_written_prompts(target, 6, batch_size=4, max_new_tokens=64, seed=3, state=states[0],
                                 on_batch=resumed.append) == again
     assert resumed[0]["batches"] == 2  # the first batch was not written again
+    # another seed writes other prompts (with seed + batch, seed 4's first batch was seed 3's second)
+    assert not set(self_written_prompts(target, 6, batch_size=4, max_new_tokens=64, seed=4)) & set(again)
     # `keep` filters (the contamination check goes there): refusing all leaves none, after bounded tries
     assert self_written_prompts(target, 2, batch_size=2, max_new_tokens=8, keep=lambda text: False) == []
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 TOP_K = 64
@@ -118,7 +119,9 @@ def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: i
     for b in range(state["batches"], 4 * -(-n // batch_size)):
         if len(out) >= n:
             break
-        torch.manual_seed(seed + b)  # batch b is the same whether or not the call was interrupted before it
+        # batch b is the same whether or not the call was interrupted before it; every input is the same
+        # prefix, so (seed, b) is mixed rather than added: seed + b would make seed 1 repeat seed 0's batches
+        torch.manual_seed(int(np.random.SeedSequence([seed, b]).generate_state(1)[0]))
         batch = torch.tensor([ids] * batch_size, device=target.device)
         gen = target.model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
                                     top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
