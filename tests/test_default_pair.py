@@ -142,3 +142,29 @@ def test_self_prompts_need_a_chat_template(default_pair):
 
     with pytest.raises(ValueError, match="chat template"):
         user_turn_prefix(NoTemplate())
+
+
+def test_distill_holds_out_self_written_prompts(default_pair, tmp_path):
+    # a run on self-written prompts writes as many more as it holds out, and logs a second held-out curve
+    # on them (the pool's held-out set does not track the chat distribution such a run aims at)
+    import json
+
+    from multispec.distill import DistillConfig, TrainConfig, distill
+    from multispec.distill.teacher import load_rows
+
+    target = default_pair.target
+    cfg = DistillConfig(prompts=0, self_prompts=3, heldout_prompts=2, gen_batch=8, max_new_tokens=6, hidden=32,
+                        layers=1, heads=2, kv_heads=1, init="embeddings",
+                        train=TrainConfig(steps=2, batch_tokens=16, warmup=1, eval_every=1))
+    out, lines = tmp_path / "run", []
+    distill(target, out, cfg, say=lines.append)
+    written = json.loads((out / "self-prompts.json").read_text())["prompts"]
+    assert len(written) == 5
+    trained = {tuple(r["prompt_ids"].tolist()) for r in load_rows(sorted((out / "data").glob("shard-*.pt")))}
+    held = load_rows(sorted((out / "heldout-self").glob("shard-*.pt")))
+    assert trained == {tuple(target.encode(p, chat=True)) for p in written[:3]}
+    assert {tuple(r["prompt_ids"].tolist()) for r in held} == {tuple(target.encode(p, chat=True)) for p in written[3:]}
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log] == [0, 1, 2]
+    assert all(0 < e["eval_self_positions"] and 0 <= e["eval_self_greedy_agreement"] <= 1 for e in log)
+    assert any("; self: 1-TV" in m for m in lines)

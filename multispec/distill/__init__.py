@@ -5,7 +5,7 @@
     train    KL to the target's distributions, checkpoints, resume, held-out evaluation (train.py)
     eval     acceptance measures of any pair on held-out MT-Bench prompts (evaluate.py)
 
-Output folder layout: data/ and heldout/ (teacher shards), checkpoint.pt, log.jsonl (training curve),
+Output folder layout: data/, heldout/ and heldout-self/ (teacher shards), checkpoint.pt, log.jsonl (training curve),
 draft/ (an ordinary transformers checkpoint of the draft, with the target's tokenizer).
 """
 
@@ -82,8 +82,13 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                          f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out")
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
+    heldout_self = []
     if cfg.self_prompts:
-        train_prompts += _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say, bar)
+        # as many more are written and held out: the pool's held-out set does not track the chat
+        # distribution these prompts aim at
+        written = _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say, bar)
+        train_prompts += written[: cfg.self_prompts]
+        heldout_self = written[cfg.self_prompts :]
 
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
@@ -92,10 +97,15 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))
     held_paths = build_dataset(target, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
+    self_paths = build_dataset(target, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens,
+                               seed=cfg.train.seed + 30_000) if heldout_self else []
     train_rows, eval_rows = load_rows(train_paths) + extra_rows, load_rows(held_paths)
+    self_rows = load_rows(self_paths)
     n_tokens = sum(len(r["ids"]) for r in train_rows)
-    say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers")
+    say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
+        + (f", and {len(self_rows)} to self-written prompts" if self_rows else ""))
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
+    more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
 
     # the sliced init's residual basis and the reshape's MLP pruning are measured on the first training answers
     samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
@@ -121,15 +131,17 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
         f"{n_params / 1e6:.1f} M parameters")
     step_bar = None if bar is None else bar("training")
     last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,
-                 say=say, progress=step_bar)
+                 say=say, progress=step_bar, more_evals=more_evals)
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
 
 
 def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, bar=None) -> list[str]:
-    """The target's own prompts, written once per run folder and saved after every batch (an interrupted
-    run continues the writing; a resumed one answers the same prompts)."""
+    """The target's own prompts (`self_prompts` for training, then `heldout_prompts` to hold out), written
+    once per run folder and saved after every batch (an interrupted run continues the writing; a resumed
+    one answers the same prompts)."""
+    wanted = cfg.self_prompts + cfg.heldout_prompts
     state = json.loads(path.read_text()) if path.exists() else {}
     if not state.get("done"):
         contaminated = Contamination.mt_bench(data_dir)
@@ -140,13 +152,14 @@ def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, b
             tmp.write_text(json.dumps(s, indent=0))
             os.replace(tmp, path)
             if update is not None:
-                update(min(len(s["prompts"]), cfg.self_prompts), cfg.self_prompts)
+                update(min(len(s["prompts"]), wanted), wanted)
 
-        prompts = self_written_prompts(target, cfg.self_prompts, cfg.gen_batch, seed=cfg.train.seed + 20_000,
+        prompts = self_written_prompts(target, wanted, cfg.gen_batch, seed=cfg.train.seed + 20_000,
                                        keep=lambda text: not contaminated(text), state=state, on_batch=save)
         state = {"done": True, "prompts": prompts}
         save(state)
-    say(f"self-written prompts: {len(state['prompts'])} (of {cfg.self_prompts} asked), in {path}")
+    say(f"self-written prompts: {len(state['prompts'])} (of {wanted} asked: {cfg.self_prompts} to train on, "
+        f"{cfg.heldout_prompts} to hold out), in {path}")
     return state["prompts"]
 
 

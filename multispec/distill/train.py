@@ -135,7 +135,9 @@ def export(draft, tokenizer, folder: Path) -> None:
 
 
 def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_probs: list[torch.Tensor],
-          out: Path, cfg: TrainConfig, resume: bool = False, say=print, progress=None) -> dict:
+          out: Path, cfg: TrainConfig, resume: bool = False, say=print, progress=None,
+          more_evals: dict[str, tuple[list[dict], list[torch.Tensor]]] | None = None) -> dict:
+    """`more_evals` names further held-out sets (rows, target probabilities), logged as `eval_<name>_*`."""
     if not train_rows:
         raise ValueError("no teacher answers to train on (every answer was empty)")
     torch.manual_seed(cfg.seed)
@@ -166,10 +168,20 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
         with log_path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
-    if step == 0:
+    def evaluations() -> tuple[dict, str]:
         ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
-        log({"step": 0, "tokens": 0, "seconds": 0.0, **{f"eval_{k}": v for k, v in ev.items()}})
-        say(f"step 0: held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}")
+        entry = {f"eval_{k}": v for k, v in ev.items()}
+        text = f"held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}, KL {ev['coarse_kl']:.3f}"
+        for name, (rows, probs) in (more_evals or {}).items():
+            more = evaluate(draft, rows, probs, cfg.max_length)
+            entry |= {f"eval_{name}_{k}": v for k, v in more.items()}
+            text += f"; {name}: 1-TV {more['one_minus_tv']:.3f}, agreement {more['greedy_agreement']:.3f}"
+        return entry, text
+
+    if step == 0:
+        entry, text = evaluations()
+        log({"step": 0, "tokens": 0, "seconds": 0.0, **entry})
+        say(f"step 0: {text}")
 
     draft.train()
     epoch, batches = 0, _batches(train_rows, cfg.batch_tokens, cfg.seed, 0)
@@ -202,15 +214,13 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
             progress(step, cfg.steps, losses[-1])
         finished = progress_of(step, spent + time.perf_counter() - t0) >= 1
         if step % cfg.eval_every == 0 or finished:
-            ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
+            entry, text = evaluations()
             seconds = time.perf_counter() - t0
             last = {"step": step, "epoch": epoch, "train_kl": sum(losses) / len(losses), "tokens": tokens,
-                    "seconds": spent + seconds, "tokens_per_second": tokens / seconds,
-                    **{f"eval_{k}": v for k, v in ev.items()}}
+                    "seconds": spent + seconds, "tokens_per_second": tokens / seconds, **entry}
             log(last)
             losses = []
-            say(f"step {step}: train KL {last['train_kl']:.3f}; held-out 1-TV {ev['one_minus_tv']:.3f}, "
-                f"greedy agreement {ev['greedy_agreement']:.3f}, KL {ev['coarse_kl']:.3f}")
+            say(f"step {step}: train KL {last['train_kl']:.3f}; {text}")
         if step % cfg.checkpoint_every == 0 or finished:
             _save_atomic({"model": draft.state_dict(), "optim": optim.state_dict(), "step": step,
                           "seconds": spent + time.perf_counter() - t0, "config": asdict(cfg)}, ckpt_path)
