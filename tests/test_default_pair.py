@@ -168,3 +168,20 @@ def test_distill_holds_out_self_written_prompts(default_pair, tmp_path):
     assert [e["step"] for e in log] == [0, 1, 2]
     assert all(0 < e["eval_self_positions"] and 0 <= e["eval_self_greedy_agreement"] <= 1 for e in log)
     assert any("; self: 1-TV" in m for m in lines)
+
+
+def test_bfloat16_teacher_is_a_close_copy_of_the_target(default_pair):
+    from multispec.distill import _teacher
+
+    target = default_pair.target
+    assert _teacher(target, "float32") is target
+    teacher = _teacher(target, "bfloat16")
+    assert teacher.dtype == torch.bfloat16 and target.dtype == torch.float32  # a copy: the target is untouched
+    ids = torch.tensor([target.encode(PROMPTS[0], chat=True)])
+    with torch.inference_mode():
+        exact = torch.softmax(target.model(ids).logits[0, -16:].float(), -1)
+        close = torch.softmax(teacher.model(ids).logits[0, -16:].float(), -1)
+    tv = 0.5 * (exact - close).abs().sum(-1)
+    assert 0 < float(tv.mean()) < 0.05
+    with pytest.raises(ValueError, match="teacher dtype"):
+        _teacher(target, "int8")

@@ -347,3 +347,20 @@ def test_training_without_answers_stops_with_a_clear_error(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="no teacher answers to train on"):
         train(draft, tokenizer, [], [], [], tmp_path, TrainConfig(steps=1, warmup=1))
     assert not (tmp_path / "log.jsonl").exists()  # it stops before any evaluation or log
+
+
+def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer, tmp_path):
+    from multispec.distill.teacher import generate_batch
+    from multispec.distill.train import _forward
+
+    target = _tiny_target(tokenizer)
+    rows = generate_batch(target, ["Say something.", "Name a colour."], 10, greedy=False, seed=0)
+    draft = build_draft(target.model, draft_config(target.model.config, hidden=32, layers=1, heads=2, kv_heads=1),
+                        init="embeddings")
+    full = _forward(draft, rows, 512, "float32")
+    half = _forward(draft, rows, 512, "bfloat16")
+    assert full[0].dtype == torch.float32 and half[0].dtype == torch.bfloat16
+    loss_full, loss_half = coarse_kl(*full).mean(), coarse_kl(*half).mean()
+    assert loss_half.item() == pytest.approx(loss_full.item(), rel=0.02)
+    loss_half.backward()  # gradients reach the float32 weights
+    assert draft.lm_head.weight.grad is not None and draft.lm_head.weight.grad.dtype == torch.float32

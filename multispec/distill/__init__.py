@@ -11,6 +11,7 @@ draft/ (an ordinary transformers checkpoint of the draft, with the target's toke
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ class DistillConfig:
     heads: int | None = None  # None: the target's (the sliced initialisation needs the target's)
     kv_heads: int | None = None
     init: str = "sliced"  # or "embeddings"
+    teacher_dtype: str = "bfloat16"  # the target's copy that writes and answers the prompts; "float32": the target
+    # itself. On this project's 2-core CPU a bfloat16 copy generates 1.3x faster at batch 32 (1.5x at 64), and its
+    # next-token distributions are within mean TV 0.009 of the float32 target's (argmax agrees at 98.8 %)
     extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
     init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/init unused; more
     # layers or a narrower MLP reshape it, see model.reshape_draft)
@@ -72,6 +76,7 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
             "their prompts share wording with MT-Bench)")
         extra_rows = kept
 
+    teacher = _teacher(target, cfg.teacher_dtype)
     # prompts the extra data already answers are not asked again, and cannot be held out
     answered = {tuple(r["prompt_ids"].tolist()) for r in extra_rows}
     pool = prompt_pool(data_dir, seed=cfg.train.seed)
@@ -86,24 +91,25 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     if cfg.self_prompts:
         # as many more are written and held out: the pool's held-out set does not track the chat
         # distribution these prompts aim at
-        written = _self_prompts(target, out / "self-prompts.json", cfg, data_dir, say, bar)
+        written = _self_prompts(teacher, out / "self-prompts.json", cfg, data_dir, say, bar)
         train_prompts += written[: cfg.self_prompts]
         heldout_self = written[cfg.self_prompts :]
 
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
 
-    train_paths = build_dataset(target, train_prompts, out / "data", cfg.gen_batch, cfg.max_new_tokens,
+    train_paths = build_dataset(teacher, train_prompts, out / "data", cfg.gen_batch, cfg.max_new_tokens,
                                 seed=cfg.train.seed, progress=gen_progress("teacher answers"))
-    held_paths = build_dataset(target, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
+    held_paths = build_dataset(teacher, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
-    self_paths = build_dataset(target, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens,
+    self_paths = build_dataset(teacher, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens,
                                seed=cfg.train.seed + 30_000) if heldout_self else []
     train_rows, eval_rows = load_rows(train_paths) + extra_rows, load_rows(held_paths)
     self_rows = load_rows(self_paths)
     n_tokens = sum(len(r["ids"]) for r in train_rows)
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
         + (f", and {len(self_rows)} to self-written prompts" if self_rows else ""))
+    del teacher  # the held-out measures are against the target itself
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
     more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
 
@@ -135,6 +141,18 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
+
+
+def _teacher(target, dtype: str):
+    """The model that writes and answers the training prompts: the target, or a copy of it in `dtype`."""
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"teacher dtype must be bfloat16 or float32, got {dtype!r}")
+    if dtype == "float32" or getattr(target, "dtype", None) == getattr(torch, dtype):
+        return target
+    from ..models.hf import HFModel
+
+    model = copy.deepcopy(target.model).to(getattr(torch, dtype))
+    return HFModel(model, target.tokenizer, name=f"{target.name} ({dtype})", chat=target.use_chat_template)
 
 
 def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, bar=None) -> list[str]:

@@ -38,6 +38,13 @@ def add_parser(sub) -> None:
     d.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: the target's)")
     d.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="also train on the teacher shards in DIR (e.g. an earlier run's data/); repeatable")
+    d.add_argument("--teacher-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="the target copy that writes the teacher data: bfloat16 is faster on CPUs with bfloat16 "
+                        "instructions and within TV 0.01 of a float32 target; float32: the target as loaded "
+                        "(default %(default)s). Held-out measures always use the target as loaded")
+    d.add_argument("--train-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="autocast the training steps' matrix products to this type (default %(default)s; "
+                        "~1.8x faster than float32 on a CPU with bfloat16 instructions)")
     d.add_argument("--eval-every", type=int, default=100)
     d.add_argument("--checkpoint-every", type=int, default=50)
     d.add_argument("--seed", type=int, default=0)
@@ -109,9 +116,9 @@ def run(args) -> int:
         prompts=args.prompts, self_prompts=args.self_prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
         layers=args.layers, intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
         extra_data=[Path(x) for x in args.extra_data],
-        init_from=Path(args.init_from) if args.init_from else None,
+        init_from=Path(args.init_from) if args.init_from else None, teacher_dtype=args.teacher_dtype,
         train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
-                          eval_every=args.eval_every, checkpoint_every=args.checkpoint_every),
+                          eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, dtype=args.train_dtype),
     )
     target = load_model(args.target)
     if target.tokenizer is None:
