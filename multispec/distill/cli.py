@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                         "(default %(default)s). Held-out measures always use the target as loaded")
     d.add_argument("--train-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="autocast the training steps' matrix products to this type (default %(default)s; "
-                        "~1.8x faster than float32 on a CPU with bfloat16 instructions)")
+                        "1.5-1.8x faster than float32 on a CPU with bfloat16 instructions)")
     d.add_argument("--eval-every", type=int, default=100)
     d.add_argument("--checkpoint-every", type=int, default=50)
     d.add_argument("--seed", type=int, default=0)
