@@ -13,7 +13,7 @@ from multispec.distill.evaluate import evaluate_pair
 from multispec.distill.model import mlp_importance, reshape_draft
 from multispec.distill.prompts import Contamination, prompt_pool
 from multispec.distill.teacher import load_rows
-from multispec.distill.train import coarse_kl
+from multispec.distill.train import coarse_kl, train
 from multispec.models.hf import HFModel
 
 
@@ -364,3 +364,5 @@ def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer,
     assert loss_half.item() == pytest.approx(loss_full.item(), rel=0.02)
     loss_half.backward()  # gradients reach the float32 weights
     assert draft.lm_head.weight.grad is not None and draft.lm_head.weight.grad.dtype == torch.float32
+    with pytest.raises(ValueError, match="training dtype"):
+        train(draft, None, rows, rows, [], tmp_path, TrainConfig(dtype="int8"))

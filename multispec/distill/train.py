@@ -147,6 +147,8 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
     """`more_evals` names further held-out sets (rows, target probabilities), logged as `eval_<name>_*`."""
     if not train_rows:
         raise ValueError("no teacher answers to train on (every answer was empty)")
+    if cfg.dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"training dtype must be bfloat16 or float32, got {cfg.dtype!r}")
     torch.manual_seed(cfg.seed)
     optim = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
 
