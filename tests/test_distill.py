@@ -268,6 +268,7 @@ def test_mt_bench_prompts_in_file_order_or_spread(tmp_path):
     (["distill"], "--out"),
     (["distill", "--out", "{file}"], "is a file"),
     (["distill", "--out", "{dir}", "--steps", "0"], "--steps"),
+    (["distill", "--out", "{dir}", "--on-policy", "-1"], "--on-policy must be >= 0"),
     (["distill", "--eval", "--eval-prompts", "0"], "--eval-prompts"),
 ])
 def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
@@ -366,3 +367,47 @@ def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer,
     assert draft.lm_head.weight.grad is not None and draft.lm_head.weight.grad.dtype == torch.float32
     with pytest.raises(ValueError, match="training dtype"):
         train(draft, None, rows, rows, [], tmp_path, TrainConfig(dtype="int8"))
+
+
+def test_on_policy_rows_hold_the_drafts_answers_and_the_targets_distributions_along_them(tokenizer, tmp_path):
+    from multispec.distill.teacher import TOP_K, build_on_policy, draft_answer_batch
+
+    target = _tiny_target(tokenizer)
+    draft = _tiny_target(tokenizer, seed=1).model
+    # prompts of different lengths, so that padding mistakes (positions, masks) change the scores
+    prompts = [target.encode(p, chat=True) for p in ["Hi.", "Name three colours of the rainbow, please.", "Why?"]]
+    rows = draft_answer_batch(draft, target, prompts, max_new_tokens=6, greedy=True, seed=0)
+    assert len(rows) == 3 and all(r["source"] == "draft" and r["greedy"] for r in rows)
+    with torch.no_grad():
+        for p, r in zip(prompts, rows, strict=True):
+            # the answer is the draft's own greedy continuation, token by token without a cache ...
+            seq = list(p)
+            for _ in range(len(r["ids"])):
+                seq.append(int(draft(torch.tensor([seq])).logits[0, -1].argmax()))
+            assert r["ids"].tolist() == seq[len(p) :]
+            # ... and the stored distributions are the target's at each answer position, computed alone
+            logits = target.model(torch.tensor([seq])).logits[0, len(p) - 1 : -1]
+            top = torch.log_softmax(logits, -1).topk(TOP_K, -1)
+            assert torch.equal(r["top_idx"].long(), top.indices)
+            assert torch.allclose(r["top_logp"].float(), top.values, atol=2e-2)
+
+    # sampled answers differ with the seed; shards already written are kept on a rerun
+    folder = tmp_path / "on-policy"
+    paths = build_on_policy(draft, target, prompts * 2, folder, batch_size=3, max_new_tokens=6, seed=0)
+    assert [p.name for p in paths] == ["shard-00000.pt", "shard-00001.pt"]
+    sampled = load_rows(paths[1:])
+    assert not any(r["greedy"] for r in sampled)
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    build_on_policy(draft, target, prompts * 2, folder, batch_size=3, max_new_tokens=6, seed=0)
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
+
+    # in a run: the starting draft answers some training prompts and those rows are trained on too
+    cfg = DistillConfig(prompts=4, heldout_prompts=2, gen_batch=4, max_new_tokens=8, hidden=32, layers=1, heads=2,
+                        kv_heads=1, init="embeddings", on_policy=3, train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    lines = []
+    distill(target, tmp_path / "run", cfg, say=lines.append)
+    said = [m for m in lines if m.startswith("on-policy data:")]
+    assert said and said[0].startswith("on-policy data: the draft answered 3 training prompts")
+    teacher_prompts = {tuple(r["prompt_ids"].tolist()) for r in load_rows(sorted((tmp_path / "run" / "data").glob("*.pt")))}
+    drafted = load_rows(sorted((tmp_path / "run" / "on-policy").glob("*.pt")))
+    assert drafted and all(tuple(r["prompt_ids"].tolist()) in teacher_prompts for r in drafted)

@@ -5,7 +5,8 @@
     train    KL to the target's distributions, checkpoints, resume, held-out evaluation (train.py)
     eval     acceptance measures of any pair on held-out MT-Bench prompts (evaluate.py)
 
-Output folder layout: data/, heldout/ and heldout-self/ (teacher shards), checkpoint.pt, log.jsonl (training curve),
+Output folder layout: data/, heldout/ and heldout-self/ (teacher shards), on-policy/ (the draft's answers, scored by
+the target), checkpoint.pt, log.jsonl (training curve),
 draft/ (an ordinary transformers checkpoint of the draft, with the target's tokenizer).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import torch
 
 from .model import build_draft, draft_config, reshape_draft
 from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
-from .teacher import build_dataset, existing_shards, load_rows, self_written_prompts
+from .teacher import build_dataset, build_on_policy, existing_shards, load_rows, self_written_prompts
 from .train import TrainConfig, export, target_eval_probs, train
 
 __all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "distill", "mt_bench_prompts", "prompt_pool"]
@@ -43,6 +45,7 @@ class DistillConfig:
     teacher_dtype: str = "bfloat16"  # the target's copy that writes and answers the prompts; "float32": the target
     # itself. On this project's 2-core CPU a bfloat16 copy generates 1.3x faster at batch 32 (1.5x at 64), and its
     # next-token distributions are within mean TV 0.009 of the float32 target's (argmax agrees at 98.8 %)
+    on_policy: int = 0  # training prompts the draft answers itself before training (its answers scored by the target)
     extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
     init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/init unused; more
     # layers or a narrower MLP reshape it, see model.reshape_draft)
@@ -109,7 +112,6 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     n_tokens = sum(len(r["ids"]) for r in train_rows)
     say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
         + (f", and {len(self_rows)} to self-written prompts" if self_rows else ""))
-    del teacher  # the held-out measures are against the target itself
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
     more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
 
@@ -135,12 +137,29 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     say(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
         f"{draft.config.intermediate_size} ({how}), "
         f"{n_params / 1e6:.1f} M parameters")
+    if cfg.on_policy:
+        train_rows = train_rows + _on_policy_rows(draft, teacher, train_rows, out / "on-policy", cfg, say, gen_progress)
+    del teacher  # the held-out measures are against the target itself
     step_bar = None if bar is None else bar("training")
     last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,
                  say=say, progress=step_bar, more_evals=more_evals)
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
+
+
+def _on_policy_rows(draft, teacher, train_rows: list[dict], folder: Path, cfg: DistillConfig, say, progress) -> list[dict]:
+    """The starting draft answers `cfg.on_policy` of the training prompts (a seeded choice, each prompt once)."""
+    prompts = list({tuple(r["prompt_ids"].tolist()): None for r in train_rows})
+    random.Random(cfg.train.seed + 40_000).shuffle(prompts)
+    chosen = [list(p) for p in prompts[: cfg.on_policy]]
+    paths = build_on_policy(draft, teacher, chosen, folder, cfg.gen_batch, cfg.max_new_tokens,
+                            seed=cfg.train.seed + 50_000, progress=progress("draft answers"))
+    rows = load_rows(paths)
+    say(f"on-policy data: the draft answered {len(chosen)} training prompts"
+        + (f" (all there are; {cfg.on_policy} asked)" if len(chosen) < cfg.on_policy else "")
+        + f", {len(rows)} answers of 2+ tokens, {sum(len(r['ids']) for r in rows)} tokens, scored by the target")
+    return rows
 
 
 def _teacher(target, dtype: str):

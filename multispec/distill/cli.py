@@ -15,6 +15,10 @@ def add_parser(sub) -> None:
     d.add_argument("--prompts", type=int, default=768, help="training prompts from the pool (default %(default)s)")
     d.add_argument("--self-prompts", type=int, default=0,
                    help="also train on this many prompts the target writes itself (sampled user turns; default 0)")
+    d.add_argument("--on-policy", type=int, default=0, metavar="N",
+                   help="before training, the draft answers N of the training prompts itself (half sampled at "
+                        "temperature 1, half greedily) and the target scores its answers; these are trained on too "
+                        "(default 0)")
     d.add_argument("--max-new-tokens", type=int, default=160, help="answer length for teacher data")
     d.add_argument("--gen-batch", type=int, default=32)
     d.add_argument("--steps", type=int, default=1500)
@@ -101,8 +105,9 @@ def run(args) -> int:
         raise ValueError(f"--out {out} is a file, not a folder")
     _positive(args, "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "eval-every",
               "checkpoint-every")
-    if args.self_prompts < 0:
-        raise ValueError(f"--self-prompts must be >= 0, got {args.self_prompts}")
+    for name in ("self-prompts", "on-policy"):
+        if getattr(args, name.replace("-", "_")) < 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(args, name.replace('-', '_'))}")
     if args.prompts < (0 if args.extra_data or args.self_prompts else 1):
         raise ValueError(f"--prompts must be >= 1 (or 0 with --extra-data or --self-prompts), got {args.prompts}")
     for name in ("heads", "kv-heads", "layers", "intermediate"):
@@ -113,7 +118,7 @@ def run(args) -> int:
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = DistillConfig(
-        prompts=args.prompts, self_prompts=args.self_prompts, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
+        prompts=args.prompts, self_prompts=args.self_prompts, on_policy=args.on_policy, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
         layers=args.layers, intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
         extra_data=[Path(x) for x in args.extra_data],
         init_from=Path(args.init_from) if args.init_from else None, teacher_dtype=args.teacher_dtype,

@@ -5,6 +5,11 @@ are exactly the target's next-token distributions the draft must match, so no se
 needed. Each distribution is kept as its top-K log-probabilities plus the tail mass (the rest): the KL
 to this (K + 1)-bucket coarsening is what training minimises, and K = 64 holds most of the mass.
 
+On-policy data (`build_on_policy`): the draft being trained writes the answers instead, and the target
+scores them in one forward pass per batch; the rows have the same form. Training on the draft's own
+continuations teaches it where it actually goes wrong during decoding, which the target's answers alone
+never visit (DistillSpec, Zhou et al. 2023).
+
 Shards are written one batch at a time (atomically), so an interrupted run keeps every finished batch
 and a rerun continues after the last one.
 """
@@ -28,41 +33,101 @@ def existing_shards(folder: Path) -> list[Path]:
     return sorted(folder.glob("shard-*.pt"))
 
 
-@torch.inference_mode()
-def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
-    """One batch of target answers with their top-K teacher distributions (left-padded batch)."""
-    ids = [target.encode(p, chat=True) for p in prompts]
+def _left_padded(ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(x) for x in ids)
-    pad = target.eos_token_id if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
     input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
     for i, x in enumerate(ids):
         input_ids[i, width - len(x) :] = torch.tensor(x)
         mask[i, width - len(x) :] = 1
+    return input_ids, mask
+
+
+def _row(prompt_ids: list[int], answer: list[int], logits: torch.Tensor, greedy: bool, **extra) -> dict:
+    """One training row: the answer and the target's top-K log-probabilities at each of its positions."""
+    top = torch.log_softmax(logits.float(), -1).topk(TOP_K, -1)
+    return {
+        "prompt_ids": torch.tensor(prompt_ids, dtype=torch.int32),
+        "ids": torch.tensor(answer, dtype=torch.int32),
+        "top_idx": top.indices.to(torch.int32),
+        "top_logp": top.values.to(torch.float16),
+        "greedy": greedy,
+        **extra,
+    }
+
+
+def _answer_length(gen: list[int], eos: int) -> int:
+    return gen.index(eos) + 1 if eos in gen else len(gen)
+
+
+@torch.inference_mode()
+def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
+    """One batch of target answers with their top-K teacher distributions (left-padded batch)."""
+    ids = [target.encode(p, chat=True) for p in prompts]
+    pad = target.eos_token_id if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
+    input_ids, mask = _left_padded(ids, pad)
     torch.manual_seed(seed)
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     out = target.model.generate(
         input_ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new_tokens,
         output_logits=True, return_dict_in_generate=True, pad_token_id=pad, **sampling,
     )
-    generated = out.sequences[:, width:].cpu()
+    generated = out.sequences[:, input_ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, 1)[..., : target.vocab_size].float().cpu()  # [B, steps, V]
     rows = []
     for i in range(len(ids)):
         gen = generated[i].tolist()
-        n = gen.index(target.eos_token_id) + 1 if target.eos_token_id in gen else len(gen)
-        if n < 2:
-            continue
-        logp = torch.log_softmax(logits[i, :n], -1)
-        top = logp.topk(TOP_K, -1)
-        rows.append({
-            "prompt_ids": torch.tensor(ids[i], dtype=torch.int32),
-            "ids": torch.tensor(gen[:n], dtype=torch.int32),
-            "top_idx": top.indices.to(torch.int32),
-            "top_logp": top.values.to(torch.float16),
-            "greedy": greedy,
-        })
+        n = _answer_length(gen, target.eos_token_id)
+        if n >= 2:
+            rows.append(_row(ids[i], gen[:n], logits[i, :n], greedy))
     return rows
+
+
+@torch.inference_mode()
+def score_answers(target, prompt_ids: list[list[int]], answers: list[list[int]], greedy: bool) -> list[dict]:
+    """Rows for answers written elsewhere: the target's distributions at every answer position, from one
+    forward pass over the right-padded batch (right padding keeps every row's positions 0, 1, ...)."""
+    seqs = [p + a for p, a in zip(prompt_ids, answers, strict=True)]
+    width = max(len(x) for x in seqs)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+    model = target.model
+    hidden = model.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).last_hidden_state
+    rows = []
+    for i, (p, a) in enumerate(zip(prompt_ids, answers, strict=True)):
+        # position len(p) - 1 + j predicts answer token j; the head runs on those positions only
+        logits = model.lm_head(hidden[i, len(p) - 1 : len(p) - 1 + len(a)])[..., : target.vocab_size]
+        rows.append(_row(p, a, logits.cpu(), greedy, source="draft"))
+    return rows
+
+
+@torch.inference_mode()
+def draft_answer_batch(draft, target, prompt_ids: list[list[int]], max_new_tokens: int, greedy: bool,
+                       seed: int) -> list[dict]:
+    """The draft (a causal LM with the target's vocabulary) answers the prompts, by sampling at temperature
+    1 or greedily; the target scores its answers."""
+    eos = target.eos_token_id
+    pad = eos if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
+    input_ids, mask = _left_padded(prompt_ids, pad)
+    torch.manual_seed(seed)
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    was_training = draft.training
+    draft.eval()
+    try:
+        out = draft.generate(input_ids.to(draft.device), attention_mask=mask.to(draft.device),
+                             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, **sampling)
+    finally:
+        draft.train(was_training)
+    kept, answers = [], []
+    for p, gen in zip(prompt_ids, out[:, input_ids.shape[1] :].tolist(), strict=True):
+        n = _answer_length(gen, eos)
+        if n >= 2:
+            kept.append(p)
+            answers.append(gen[:n])
+    return score_answers(target, kept, answers, greedy) if kept else []
 
 
 def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16, max_new_tokens: int = 192,
@@ -77,6 +142,27 @@ def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16
         path = shard_path(folder, b)
         if not path.exists():
             rows = generate_batch(target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b)
+            tmp = path.with_suffix(".tmp")
+            torch.save(rows, tmp)
+            os.replace(tmp, path)
+        if progress is not None:
+            progress(b + 1, len(batches), path)
+    return [shard_path(folder, b) for b in range(len(batches))]
+
+
+def build_on_policy(draft, target, prompt_ids: list[list[int]], folder: Path, batch_size: int = 32,
+                    max_new_tokens: int = 160, greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
+    """`build_dataset` with the draft writing the answers (`draft_answer_batch`); shards already in `folder`
+    are kept, so an interrupted run continues after the last finished batch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = [prompt_ids[i : i + batch_size] for i in range(0, len(prompt_ids), batch_size)]
+    if progress is not None:
+        progress(0, len(batches), None)
+    for b, chunk in enumerate(batches):
+        path = shard_path(folder, b)
+        if not path.exists():
+            rows = draft_answer_batch(draft, target, chunk, max_new_tokens, greedy=(b % greedy_every == 0),
+                                      seed=int(np.random.SeedSequence([seed, b]).generate_state(1)[0]))
             tmp = path.with_suffix(".tmp")
             torch.save(rows, tmp)
             os.replace(tmp, path)
