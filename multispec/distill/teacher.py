@@ -130,45 +130,38 @@ def draft_answer_batch(draft, target, prompt_ids: list[list[int]], max_new_token
     return score_answers(target, kept, answers, greedy) if kept else []
 
 
+def _write_shards(folder: Path, items: list, batch_size: int, make_rows, progress=None) -> list[Path]:
+    """`make_rows(b, chunk)` for every batch of `items` not yet in `folder`, each saved atomically as a shard;
+    shards already there are kept, so an interrupted run continues after the last finished batch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+    if progress is not None:
+        progress(0, len(batches), None)
+    for b, chunk in enumerate(batches):
+        path = shard_path(folder, b)
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            torch.save(make_rows(b, chunk), tmp)
+            os.replace(tmp, path)
+        if progress is not None:
+            progress(b + 1, len(batches), path)
+    return [shard_path(folder, b) for b in range(len(batches))]
+
+
 def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16, max_new_tokens: int = 192,
                   greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
     """Answer `prompts` in batches; every `greedy_every`-th batch greedily, the others by sampling at
     temperature 1 (the draft serves both). Returns all shard paths, reusing those already written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-    if progress is not None:
-        progress(0, len(batches), None)
-    for b, chunk in enumerate(batches):
-        path = shard_path(folder, b)
-        if not path.exists():
-            rows = generate_batch(target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b)
-            tmp = path.with_suffix(".tmp")
-            torch.save(rows, tmp)
-            os.replace(tmp, path)
-        if progress is not None:
-            progress(b + 1, len(batches), path)
-    return [shard_path(folder, b) for b in range(len(batches))]
+    return _write_shards(folder, prompts, batch_size, progress=progress, make_rows=lambda b, chunk: generate_batch(
+        target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b))
 
 
 def build_on_policy(draft, target, prompt_ids: list[list[int]], folder: Path, batch_size: int = 32,
                     max_new_tokens: int = 160, greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
-    """`build_dataset` with the draft writing the answers (`draft_answer_batch`); shards already in `folder`
-    are kept, so an interrupted run continues after the last finished batch."""
-    folder.mkdir(parents=True, exist_ok=True)
-    batches = [prompt_ids[i : i + batch_size] for i in range(0, len(prompt_ids), batch_size)]
-    if progress is not None:
-        progress(0, len(batches), None)
-    for b, chunk in enumerate(batches):
-        path = shard_path(folder, b)
-        if not path.exists():
-            rows = draft_answer_batch(draft, target, chunk, max_new_tokens, greedy=(b % greedy_every == 0),
-                                      seed=int(np.random.SeedSequence([seed, b]).generate_state(1)[0]))
-            tmp = path.with_suffix(".tmp")
-            torch.save(rows, tmp)
-            os.replace(tmp, path)
-        if progress is not None:
-            progress(b + 1, len(batches), path)
-    return [shard_path(folder, b) for b in range(len(batches))]
+    """`build_dataset` with the draft writing the answers (`draft_answer_batch`), shards reused the same way."""
+    return _write_shards(folder, prompt_ids, batch_size, progress=progress, make_rows=lambda b, chunk: draft_answer_batch(
+        draft, target, chunk, max_new_tokens, greedy=(b % greedy_every == 0),
+        seed=int(np.random.SeedSequence([seed, b]).generate_state(1)[0])))
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
