@@ -128,7 +128,7 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
     assert r.stats["rejections"] == 0 and r.stats["target_calls"] == 8
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 7])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 12])
 def test_few_rows_linears_give_the_models_own_logits(n):
     from multispec.models.hf import FEW_ROWS, FewRowsLinear
 
@@ -137,8 +137,8 @@ def test_few_rows_linears_give_the_models_own_logits(n):
     assert linears and all(type(m) is FewRowsLinear for m in linears)  # float32 on the CPU: all switched
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
-    tokens = torch.tensor([[9, 4, 33, 21, 7, 2, 40][:n]])
-    assert (n <= FEW_ROWS) == (n < 7)  # both paths are exercised
+    tokens = torch.tensor([[9, 4, 33, 21, 7, 2, 40, 11, 5, 8, 30, 17][:n]])
+    assert (n <= FEW_ROWS) == (n < 12)  # both paths are exercised
     with torch.no_grad():
         got = model.forward(cache, tokens)
         want = full_logits(model, PROMPT + tokens[0].tolist())[None, -n:]
@@ -157,7 +157,9 @@ def test_few_rows_linear_matches_linear_with_bias_and_batch_shapes():
     fast = torch.nn.Sequential(torch.nn.Linear(16, 24))
     fast[0].load_state_dict(plain.state_dict())
     assert use_few_rows_linears(fast) == 1 and type(fast[0]) is FewRowsLinear
-    for shape in [(1, 16), (1, 1, 16), (2, 3, 16), (4, 2, 16), (0, 16)]:
+    # 1, 3 and 7 rows are padded with duplicate rows; 13 rows take the ordinary product
+    for shape in [(1, 16), (1, 1, 16), (3, 16), (1, 3, 16), (2, 3, 16), (4, 2, 16), (7, 16), (1, 7, 16), (13, 16),
+                  (0, 16)]:
         x = torch.randn(shape)
         got = fast(x)
         assert got.shape == (*shape[:-1], 24) and got.is_contiguous()

@@ -6,10 +6,13 @@ position ids, which transformers uses as given. Chains pass no mask and get the 
 
 On a CPU, the float32 linear layers of the model (output head included) are switched to `FewRowsLinear`,
 which multiplies the few rows of a decoding step as `weight @ x.T` instead of `x @ weight.T`: with
-weights streamed from memory, MKL runs the first form about twice as fast for 1 to 6 rows (one row
-padded to two). Measured on this project's 2-core machine over SmolLM2-135M's 210 layer matrices:
-37 -> 21 ms for one row, 54-66 -> 25-36 ms for 2-4 rows. A speculative step scores 2 to 9 positions,
-so this is what makes verification cost about as much as one plain decoding step.
+weights streamed from memory, MKL runs the first form about twice as fast for 1 to 11 rows. Measured on
+this project's 2-core machine over SmolLM2-135M's 210 layer matrices: 37 -> 21 ms for one row, 54-66 ->
+25-36 ms for 2-4 rows. A speculative step scores 2 to 9 positions, so this is what makes verification
+cost about as much as one plain decoding step. MKL is slower for 1, 3 and 7 rows than for 2, 4 and 8
+(the matrices alone: 18.8 / 15.7, 21.1 / 16.7, 32.5 / 29.1 ms), so those are padded with copies of the
+first rows: a whole target forward of 3 tokens became 10 % faster, of 7 tokens 26 % (interleaved A/B,
+session 12).
 """
 
 from __future__ import annotations
@@ -121,7 +124,9 @@ class HFModel(LanguageModel):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-FEW_ROWS = 6  # up to this many rows `FewRowsLinear` takes the transposed product (measured, module note)
+FEW_ROWS = 11  # up to this many rows `FewRowsLinear` takes the transposed product (measured, module note)
+# MKL's kernels for 1, 3 and 7 columns are slower than for 2, 4 and 8 here: those get duplicate rows (measured)
+PAD_ROWS = {1: 2, 3: 4, 7: 8}
 
 
 class FewRowsLinear(torch.nn.Linear):
@@ -132,8 +137,9 @@ class FewRowsLinear(torch.nn.Linear):
         if rows > FEW_ROWS or rows == 0:
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1])
-        if rows == 1:  # a matrix-vector product takes MKL's slow path: pad to two columns
-            flat = torch.cat([flat, flat])
+        padded = PAD_ROWS.get(rows, rows)
+        if padded > rows:
+            flat = torch.cat([flat, flat[: padded - rows]])
         out = (self.weight @ flat.T).T[:rows]
         if self.bias is not None:
             out = out + self.bias
