@@ -122,3 +122,21 @@ def test_deterministic_beam_search_with_full_width_finds_the_most_likely_sequenc
     best = outcomes[int(torch.argmax(probs))].tolist()
     r = generate(t, None, [0], method="beam", width=9, deterministic=True, max_new_tokens=3)
     assert r.token_ids == best
+
+
+def test_confidence_ends_draft_chains_early():
+    target, draft = random_markov_pair(4, 40, seed=3)
+
+    def run(**params):
+        return generate(target, draft, [0], method="sd", max_new_tokens=30, seed=4, **params)
+
+    full, one = run(gamma=3), run(gamma=1)
+    # a threshold above every probability stops after each first draft: gamma 1, draw for draw
+    capped = run(gamma=3, confidence=1.0)
+    assert capped.token_ids == one.token_ids
+    assert capped.stats["drafted"] == one.stats["drafted"] and capped.stats["iterations"] == one.stats["iterations"]
+    # one below every probability never stops a chain: plain gamma 3, draw for draw
+    assert run(gamma=3, confidence=1e-9).token_ids == full.token_ids
+    # in between, some chains stop early and some run to gamma
+    mid = run(gamma=3, confidence=0.4).stats
+    assert mid["iterations"] < mid["drafted"] < 3 * mid["iterations"] - 2  # (the last chain may be cut by the budget)

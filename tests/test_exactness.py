@@ -15,6 +15,8 @@ RUNS = 6000
         ("sd", {"gamma": 1}, {}),
         ("sd", {"gamma": 3}, {}),
         ("sd", {"gamma": 2}, {"temperature": 0.7, "top_k": 3, "top_p": 0.9}),
+        ("sd", {"gamma": 3, "confidence": 0.4}, {}),  # chains of 1 to 3 drafts, ended by the draft
+        ("sd", {"gamma": 3, "confidence": 0.4}, {"temperature": 0.6, "top_p": 0.9}),
         ("beam", {"width": 1}, {}),
         ("batch-sd", {"drafts": 3, "gamma": 2}, {}),
         ("batch-sd", {"drafts": 2, "gamma": 3, "bonus": False}, {"top_p": 0.8}),
@@ -44,8 +46,8 @@ def test_sd_opt_with_positive_eps_is_biased():
     assert not report.passed
 
 
-@pytest.mark.parametrize("method, params", [("sd", {"gamma": 2}), ("batch-sd", {"drafts": 3, "gamma": 2}),
-                                            ("beam", {"width": 1})])
+@pytest.mark.parametrize("method, params", [("sd", {"gamma": 2}), ("sd", {"gamma": 3, "confidence": 0.5}),
+                                            ("batch-sd", {"drafts": 3, "gamma": 2}), ("beam", {"width": 1})])
 def test_exact_methods_pass_on_full_history_models(method, params):
     # HistoryLM reads its context through the mask and cache: tree and compaction mistakes change its law
     report = check_method(method, runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history", **params)

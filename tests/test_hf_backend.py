@@ -96,11 +96,12 @@ def test_deterministic_beam_search_matches_a_cacheless_reference():
     assert r.stats["target_calls"] == steps
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 6])
-def test_greedy_sd_equals_greedy_ar_on_tiny_llamas(gamma):
+@pytest.mark.parametrize("gamma, confidence", [(1, 0.0), (3, 0.0), (6, 0.0), (6, 0.05)])
+def test_greedy_sd_equals_greedy_ar_on_tiny_llamas(gamma, confidence):
     target, draft = tiny_llama(seed=5), tiny_llama(seed=6, layers=1)
     ar = generate(target, None, PROMPT, method="ar", temperature=0, max_new_tokens=40)
-    sd = generate(target, draft, PROMPT, method="sd", gamma=gamma, temperature=0, max_new_tokens=40)
+    sd = generate(target, draft, PROMPT, method="sd", gamma=gamma, confidence=confidence, temperature=0,
+                  max_new_tokens=40)
     assert sd.token_ids == ar.token_ids
     assert sd.stats["target_calls"] < 40 or sd.stats["accepted"] == 0
 

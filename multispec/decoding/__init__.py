@@ -99,9 +99,12 @@ register(Method("beam", beam.decode, needs_draft=False, exact="reference",
                                                help="keep the W best extensions instead of sampling")}))
 register(Method("sd", sd.decode, needs_draft=True, exact="equals ar in distribution",
                 summary="speculative sampling with a chain of gamma drafts",
-                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call"),
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call (at most)"),
                         "bonus": Param(bool, True, rule="true or false",
-                                       help="sample a free target token after a fully accepted chain")},
+                                       help="sample a free target token after a fully accepted chain"),
+                        "confidence": Param(float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                                            "end a chain after a draft token the draft gave less than this "
+                                            "probability (0: always gamma drafts)")},
                 hidden=("verify",)))
 register(Method("sd-opt", sd.decode_relaxed, needs_draft=True, exact="biased when eps > 0 (eps = 0 is sd)",
                 summary="over-accepting speculative sampling (seed 002 Decoding-OPT / UNO)",
