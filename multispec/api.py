@@ -27,27 +27,41 @@ class ModelPair:
     description: dict[str, str] = field(default_factory=dict)
 
 
-def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME) -> LanguageModel:
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME,
+               dtype: str | torch.dtype | None = None) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
-    hub id or path."""
+    hub id or path. `dtype` (float32, bfloat16, float16) overrides the stored weights' type."""
     name = name or default
+    dtype = parse_dtype(dtype)
     if name in DEFAULT_NAMES:
-        return load_default(name, device=device)
+        return load_default(name, device=device, dtype=dtype)
     if name.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(name)):
         raise ValueError(f"model path {name!r} does not exist")
-    return HFModel.from_pretrained(name, device=device)
+    return HFModel.from_pretrained(name, device=device, dtype=dtype or "auto")
 
 
-def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None) -> ModelPair:
-    """The embedded default pair, or any target/draft given as hub ids or local paths.
+def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
+              dtype: str | torch.dtype | None = None) -> ModelPair:
+    """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` for both.
 
     With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
     """
-    target_model = load_model(target, device)
+    target_model = load_model(target, device, dtype=dtype)
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
     else:
-        draft_model = load_model(draft, device, default=DEFAULT_DRAFT)
+        draft_model = load_model(draft, device, default=DEFAULT_DRAFT, dtype=dtype)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     describe = {m.name: DEFAULT_NAMES.get(m.name, m.name) for m in (target_model, draft_model) if m is not None}

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="any method parameter")
     g.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     g.add_argument("--device", default=None, help="torch device for both models (e.g. cuda)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights' type for both models (default: as stored; float32 for the embedded pair)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs")
@@ -110,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--target", default=None)
     b.add_argument("--draft", default=None)
     b.add_argument("--device", default=None)
+    b.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights' type for both models (default: as stored; float32 for the embedded pair)")
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     b.add_argument("--out", default="bench-out", help="output folder (default %(default)s)")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
@@ -143,7 +147,7 @@ def cmd_bench(args) -> int:
 
     from .api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
           f"{' / '.join(pair.description)} -> {args.out}", file=sys.stderr)
     summary = bench.run_bench(
@@ -254,9 +258,9 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     if method.needs_draft:
-        pair = load_pair(args.target, args.draft, device=args.device)
+        pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     else:  # target-only methods: do not spend time loading a draft
-        target_only = load_model(args.target, args.device)
+        target_only = load_model(args.target, args.device, dtype=args.dtype)
         pair = ModelPair(target_only, None, {target_only.name: DEFAULT_NAMES.get(target_only.name, target_only.name)})
     target = pair.target
     shown: list[int] = []

@@ -13,6 +13,7 @@ always starts with at least one committed token and yields the distribution that
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ import torch
 
 from .models.base import LanguageModel
 from .trees import TokenTree
+from .verify.verdict import Verdict
 from .warp import Sampling
 
 
@@ -31,6 +33,8 @@ class ModelRunner:
         self.tentative = 0  # proposed entries after them
         self.calls = 0
         self.seconds = 0.0
+        self.tree: TokenTree | None = None  # the tree the tentative entries belong to (None: a chain)
+        self.paths: list[list[int]] | None = None  # with `feed_paths`: the path each cache row holds
 
     def feed(
         self,
@@ -48,7 +52,7 @@ class ModelRunner:
         extra token.
         """
         pending = tokens[self.committed :]
-        if pending and self.tentative:
+        if (pending and self.tentative) or self.paths is not None:
             raise RuntimeError("committed tokens cannot be fed after tentative entries; commit first")
         n_extra = 0 if extra is None else extra.shape[-1]
         device = self.model.device
@@ -68,6 +72,7 @@ class ModelRunner:
                 committed_len = len(tokens)
                 positions[len(pending) :] = committed_len - 1 + tree.depth[nodes].to(device)
                 mask = _tree_mask(len(pending), self.committed, tree.visible[nodes, : nodes.stop].to(device))
+            self.tree = tree
         t0 = time.perf_counter()
         logits = self.model.forward(
             self.cache, inputs, positions[None], mask, logits_to_keep=n_extra + (1 if pending else 0)
@@ -77,6 +82,38 @@ class ModelRunner:
         self.committed += len(pending)
         self.tentative += n_extra
         return logits[0]
+
+    def feed_paths(self, tokens: list[int], extra: torch.Tensor, tree: TokenTree) -> torch.Tensor:
+        """Score a tree without tree attention (seed 004 §3.11): the cache is copied once per root-to-leaf
+        path and each batch row feeds the uncached committed tokens and its path. Same rows as
+        `feed(tokens, extra, tree=tree)` - [1 + N, V], row 0 the root, row 1 + g node g - at the cost of
+        K copies of the cache and K times the work."""
+        pending = tokens[self.committed :]
+        if self.tentative or self.paths is not None or not pending:
+            raise RuntimeError("feed_paths needs a committed state with the last committed token uncached")
+        paths = [tree.path(leaf) for leaf in tree.leaves()]
+        depth = len(paths[0])
+        if any(len(p) != depth for p in paths):
+            raise ValueError("feed_paths needs every leaf at the same depth")
+        device = self.model.device
+        extra = extra.to(device=device, dtype=torch.long)
+        inputs = torch.cat([torch.tensor(pending, dtype=torch.long, device=device).expand(len(paths), -1),
+                            extra[torch.tensor(paths, device=device)]], 1)
+        row_of = {}  # node -> the first path (cache row) holding it
+        for r, path in enumerate(paths):
+            for g in path:
+                row_of.setdefault(g, r)
+        rows = torch.tensor([0] + [row_of[g] for g in range(tree.size)], device=device)
+        cols = torch.tensor([0] + tree.depth.tolist(), device=device)
+        t0 = time.perf_counter()
+        self.model.select_rows(self.cache, torch.zeros(len(paths), dtype=torch.long))
+        logits = self.model.forward(self.cache, inputs, logits_to_keep=depth + 1)  # [K, depth + 1, V]
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.committed += len(pending)
+        self.tentative = tree.size
+        self.tree, self.paths = tree, paths
+        return logits[rows, cols]
 
     def forward_rows(self, tokens: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
         """A batched forward of [B, n] tokens on the cache rows as they stand (beams); logits [B, n, V].
@@ -88,18 +125,28 @@ class ModelRunner:
         return logits
 
     def commit(self, new_length: int, kept: list[int]) -> None:
-        """The committed sequence is now `new_length` tokens long; `kept` (tentative offsets, in order)
-        are the accepted entries, which become committed. Everything else tentative is dropped."""
-        # only entries actually fed can be kept (a chain's last draft never is), and the last committed
-        # token stays uncached
-        kept = [k for k in kept if k < self.tentative][: max(0, new_length - 1 - self.committed)]
-        if kept == list(range(len(kept))):
+        """The committed sequence is now `new_length` tokens long; `kept` (tentative offsets, a path down
+        the tree that was fed, in depth order) are the accepted entries, which become committed.
+        Everything else tentative is dropped. A kept entry that was never fed is an error."""
+        if any(not 0 <= k < self.tentative for k in kept):
+            raise RuntimeError(f"cannot keep entries {list(kept)}: only {self.tentative} were fed")
+        tree = self.tree or TokenTree.chain(self.tentative)
+        if not tree.is_root_path(kept):
+            raise RuntimeError(f"kept entries {list(kept)} are not a path down the fed tree")
+        # the last committed token stays uncached
+        kept = list(kept)[: max(0, new_length - 1 - self.committed)]
+        if self.paths is not None:
+            row = next((r for r, p in enumerate(self.paths) if p[: len(kept)] == kept), 0)
+            self.model.select_rows(self.cache, torch.tensor([row], dtype=torch.long))
+            self.model.crop(self.cache, self.committed + len(kept))
+        elif kept == list(range(len(kept))):
             self.model.crop(self.cache, self.committed + len(kept))
         else:
             idx = list(range(self.committed)) + [self.committed + k for k in kept]
             self.model.keep_positions(self.cache, torch.tensor(idx, dtype=torch.long))
         self.committed += len(kept)
         self.tentative = 0
+        self.tree = self.paths = None
 
 
 def _tree_mask(n_pending: int, n_cached: int, visible: torch.Tensor) -> torch.Tensor:
@@ -139,7 +186,7 @@ class Session:
         self.on_tokens = on_tokens
         self.eos = target.eos_token_id
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
-        self.counters = {"iterations": 0, "drafted": 0, "accepted": 0, "rejections": 0}
+        self.counters = {"iterations": 0, "drafted": 0, "nodes": 0, "accepted": 0, "rejections": 0}
         limits = [m.max_length for m in (target, draft) if m is not None and m.max_length is not None]
         self.max_length = min(limits) if limits else None
 
@@ -163,17 +210,31 @@ class Session:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
 
-    def commit(self, tokens: list[int], drafted: int = 0, accepted: int = 0, rejected: bool = False) -> None:
-        """Append tokens, cutting at EOS and at the budget; count one iteration (and its rejection)."""
-        tokens = tokens[: self.budget()]
+    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None) -> None:
+        """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
+        commit both runners to the accepted path. `drafted`: draft positions this iteration (for the
+        acceptance rate); `nodes`: proposed nodes, when a tree holds more than `drafted`."""
+        self.append(verdict.new_tokens)
+        self.counters["iterations"] += 1
+        self.counters["drafted"] += drafted
+        self.counters["nodes"] += drafted if nodes is None else nodes
+        self.counters["accepted"] += len(verdict.accepted)
+        self.counters["rejections"] += int(verdict.rejected)
+        for runner in (self.target, self.draft):
+            if runner is None:
+                continue
+            # accepted nodes a runner never scored (the draft's leaves; the target's last draft when no
+            # bonus token is asked for) stay committed but uncached and are fed with the next step
+            cached = list(itertools.takewhile(lambda g, r=runner: g < r.tentative, verdict.accepted))
+            runner.commit(len(self.tokens), cached)
+
+    def append(self, tokens: list[int]) -> None:
+        """Append tokens to the output, cutting at EOS and at the budget."""
+        tokens = list(tokens)[: self.budget()]
         if self.eos is not None and self.eos in tokens:
             tokens = tokens[: tokens.index(self.eos) + 1]
             self.stopped = "eos"
         self.tokens.extend(tokens)
-        self.counters["iterations"] += 1
-        self.counters["drafted"] += drafted
-        self.counters["accepted"] += accepted
-        self.counters["rejections"] += int(rejected)
         if self.stopped is None and self.budget() <= 0:
             self.stopped = "length" if len(self.new_tokens) >= self.max_new_tokens else "context"
         if self.on_tokens is not None and tokens:

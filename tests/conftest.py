@@ -26,3 +26,39 @@ def default_pair():
     from multispec import load_pair
 
     return load_pair()
+
+
+FAMILIES = ["Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma2", "Gemma3Text", "Phi3", "OPT", "GPT2", "GPTNeoX",
+            "Falcon"]
+
+
+def tiny_family(family: str, vocab: int = 64, seed: int = 0):
+    """A small random model of one transformers family, built from its config (no download). Sliding-window
+    families get a window of 4, shorter than the prompts and outputs of the tests."""
+    import transformers
+
+    from multispec.models.hf import HFModel
+
+    config_class = getattr(transformers, f"{family}Config")
+    model_class = getattr(transformers, "GPT2LMHeadModel" if family == "GPT2" else
+                          f"{family.removesuffix('Text')}ForCausalLM")
+    size = {"vocab_size": vocab, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    if family == "GPT2":
+        size.update(n_embd=32, n_layer=2, n_head=4, n_positions=128)
+    elif family == "OPT":
+        size.update(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32,
+                    max_position_embeddings=128)
+    else:
+        size.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    max_position_embeddings=128)
+        if family not in ("GPTNeoX", "Falcon"):
+            size["num_key_value_heads"] = 2
+        if family.startswith(("Gemma", "Qwen3")):
+            size["head_dim"] = 8
+        if family in ("Mistral", "Gemma2", "Gemma3Text"):
+            size["sliding_window"] = 4
+    torch.manual_seed(seed)
+    model = model_class(config_class(**size)).float()
+    with torch.no_grad():  # sharpen the random output so greedy choices are not near-ties
+        model.get_output_embeddings().weight.mul_(4.0)
+    return HFModel(model, None, name=f"tiny-{family}")

@@ -1,6 +1,7 @@
 """Whole-output laws of the real decoders on random Markov pairs against the exact target law."""
 
 import pytest
+import torch
 
 from multispec.check import check_method
 from tests.test_verify_chain import no_residual_verify
@@ -55,12 +56,22 @@ def test_exact_methods_pass_on_full_history_models(method, params):
 
 
 def test_a_wrong_tree_mask_fails_on_full_history_models(monkeypatch):
-    from multispec.decoding import batch_sd
-    from multispec.trees import TokenTree
+    from multispec import engine
 
-    # known-wrong layout: every node treated as the child of the node before it (one long chain), so
-    # draft and target see the other chains' tokens as context
-    monkeypatch.setattr(batch_sd, "chains_tree", lambda m, d: TokenTree.chain(m * d))
+    right = engine._tree_mask
+
+    def other_chains_ancestors(n_pending, n_cached, visible):
+        # known-wrong mask for two chains (node (d, m) at 2 (d - 1) + m): each node sees the other chain's
+        # tokens where its own ancestors are (one token per position, so the model accepts it)
+        n_rows, n_cols = visible.shape
+        wrong = torch.zeros_like(visible)
+        for r in range(n_rows):
+            g = n_cols - n_rows + r
+            for h in visible[r].nonzero().flatten().tolist():
+                wrong[r, h if h == g else h ^ 1] = True
+        return right(n_pending, n_cached, wrong)
+
+    monkeypatch.setattr(engine, "_tree_mask", other_chains_ancestors)
     report = check_method("batch-sd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history",
                           drafts=2, gamma=2)
     assert not report.passed

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ar, batch_sd, beam, sd
+from ..trees import parse_k_config
+from . import ar, beam, sd, tree
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,37 @@ register(Method("sd-opt", sd.decode_relaxed, needs_draft=True, exact="biased whe
                         "resample": Param(str, "opt", lambda v: v in ("opt", "uno"), "'opt' or 'uno'",
                                           "on rejection: the optimal residual (opt) or the target (uno)"),
                         "bonus": Param(bool, True, rule="true or false")}))
-register(Method("batch-sd", batch_sd.decode, needs_draft=True, exact="equals ar in distribution",
+def _is_k_config(value) -> bool:
+    try:
+        parse_k_config(value)
+    except ValueError:
+        return False
+    return True
+
+
+K_CONFIG_RULE = "branching factors >= 1 joined by 'x' (e.g. 4x2x2; depth = number of factors), at most 256 nodes"
+
+register(Method("batch-sd", tree.decode_batch, needs_draft=True, exact="equals ar in distribution",
                 summary="M independent draft chains verified together (seed 002 batch SD)",
                 params={"drafts": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "number of draft chains M"),
                         "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per chain"),
                         "bonus": Param(bool, True, rule="true or false")}))
+register(Method("mcsd", tree.decode_mcsd, needs_draft=True, exact="equals ar in distribution",
+                summary="multi-candidate speculative decoding on a token tree (seed 004)",
+                params={"k_config": Param(str, "4x2x1x1", _is_k_config, K_CONFIG_RULE,
+                                          "children per node at each depth: 4x2x1x1 = 4 of the root, 2 of each"),
+                        "replacement": Param(bool, False, rule="true or false",
+                                             help="i.i.d. children (Algorithm 1) or draws without replacement "
+                                                  "in draw order (Algorithm 2)"),
+                        "tree_attention": Param(bool, True, rule="true or false",
+                                                help="score the tree in one masked row; false: one batch row of "
+                                                     "copied caches per root-to-leaf path (ablation)"),
+                        "verifier": Param(str, "mcss", lambda v: v in ("mcss", "naive"), "'mcss' or 'naive'",
+                                          "multi-candidate speculative sampling, or the naive MCNS baseline")},
+                hidden=("rule",)))
+register(Method("specinfer", tree.decode_specinfer, needs_draft=True, exact="equals ar in distribution",
+                summary="SpecInfer's multi-step speculative sampling on its expansion tree",
+                params={"k_config": Param(str, "1x1x3x1x1x1x1x1", _is_k_config, K_CONFIG_RULE,
+                                          "expansion tree: children per node at each depth"),
+                        "replacement": Param(bool, True, rule="true or false",
+                                             help="i.i.d. children, or draws without replacement")}))

@@ -54,4 +54,5 @@ def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
     length = beams.shape[1]
     candidates = finished + [(float(sc) / length, b.tolist()) for sc, b in zip(scores, beams, strict=True)]
     best = max(candidates, key=lambda c: c[0])[1]
-    s.commit(best)
+    s.append(best)
+    s.counters["iterations"] += 1

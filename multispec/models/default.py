@@ -80,7 +80,8 @@ def converted_checkpoint() -> Path:
     return out
 
 
-def load_default(name: str = TARGET_NAME, device: str | None = None) -> HFModel:
+def load_default(name: str = TARGET_NAME, device: str | None = None, dtype: torch.dtype | None = None) -> HFModel:
+    """A default model; `dtype` overrides the stored one (float32, or bfloat16 for the bfloat16 copy)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name not in DEFAULT_NAMES:
@@ -90,9 +91,9 @@ def load_default(name: str = TARGET_NAME, device: str | None = None) -> HFModel:
         if not (DRAFT_DIR / "model.safetensors").exists():
             raise RuntimeError(f"the shipped draft is missing from {DRAFT_DIR}; reinstall multispec")
         # stored in bfloat16 to stay small; float32 runs faster on a CPU (models/hf.py)
-        model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=dtype or torch.float32)
     else:
-        dtype = torch.bfloat16 if name == BF16_DRAFT_NAME else torch.float32
+        dtype = dtype or (torch.bfloat16 if name == BF16_DRAFT_NAME else torch.float32)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         model = model.to(device)

@@ -41,6 +41,14 @@ class HFModel(LanguageModel):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.use_chat_template = chat
+        # sliding-window attention (Mistral, Gemma 2/3, ...): a custom mask replaces the model's own, so the
+        # window is applied here; `mixed`: some layers slide and others attend to everything
+        window = getattr(cfg, "sliding_window", None)
+        self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) is not False else None
+        kinds = set(getattr(cfg, "layer_types", None) or [])
+        if self.sliding_window and kinds and "sliding_attention" not in kinds:
+            self.sliding_window = None
+        self.mixed_layers = bool(self.sliding_window) and len(kinds) > 1
         if self.device.type == "cpu":
             use_few_rows_linears(model)
 
@@ -61,12 +69,21 @@ class HFModel(LanguageModel):
     def new_cache(self) -> Any:
         from transformers import DynamicCache
 
+        if self.sliding_window:
+            # full-length layers: trees and commits index every position, so sliding layers must not drop
+            # old entries; the window is applied through the mask instead. `key_positions` tracks the
+            # position id of every cached entry for that mask.
+            cache = DynamicCache()
+            cache.key_positions = torch.empty(1, 0, dtype=torch.long, device=self.device)
+            return cache
         return DynamicCache(config=self.model.config)
 
     def cache_length(self, cache) -> int:
         return cache.get_seq_length()
 
     def crop(self, cache, length: int) -> None:
+        if self.sliding_window:
+            cache.key_positions = cache.key_positions[:, :length]
         for layer in cache.layers:
             if layer.is_initialized and layer.keys.shape[-2] > length:
                 layer.keys = layer.keys[..., :length, :]
@@ -74,6 +91,8 @@ class HFModel(LanguageModel):
 
     def select_rows(self, cache, rows: torch.Tensor) -> None:
         rows = rows.to(self.device)
+        if self.sliding_window:
+            cache.key_positions = cache.key_positions.expand(int(rows.max()) + 1, -1)[rows]
         for layer in cache.layers:
             if layer.is_initialized:
                 layer.keys = layer.keys.index_select(0, rows)
@@ -81,6 +100,8 @@ class HFModel(LanguageModel):
 
     def keep_positions(self, cache, positions: torch.Tensor) -> None:
         positions = positions.to(self.device)
+        if self.sliding_window:
+            cache.key_positions = cache.key_positions[:, positions]
         for layer in cache.layers:
             if layer.is_initialized:
                 layer.keys = layer.keys.index_select(-2, positions)
@@ -92,10 +113,20 @@ class HFModel(LanguageModel):
         kwargs = {}
         if positions is not None:
             kwargs["position_ids"] = positions.to(self.device)
+        if self.sliding_window:
+            b, n = tokens.shape
+            past = cache.key_positions.shape[1]
+            new = (positions.to(self.device) if positions is not None
+                   else torch.arange(past, past + n, device=self.device).expand(b, n))
+            keys = torch.cat([cache.key_positions.expand(b, -1), new.expand(b, -1)], 1)
+            cache.key_positions = keys
         if mask is not None:
-            additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
-            additive.masked_fill_(~mask.to(self.device), torch.finfo(self.dtype).min)
-            kwargs["attention_mask"] = additive[:, None]
+            mask = mask.to(self.device)
+            kwargs["attention_mask"] = self._additive(mask)
+            if self.sliding_window:  # a key is in the window when its position is within `window` of the query's
+                windowed = self._additive(mask & (keys[:, None, :] > new[:, :, None] - self.sliding_window))
+                kwargs["attention_mask"] = ({"full_attention": kwargs["attention_mask"], "sliding_attention": windowed}
+                                            if self.mixed_layers else windowed)
         out = self.model(
             input_ids=tokens.to(self.device),
             past_key_values=cache,
@@ -104,6 +135,12 @@ class HFModel(LanguageModel):
             **kwargs,
         )
         return out.logits[..., : self.vocab_size].float()
+
+    def _additive(self, mask: torch.Tensor) -> torch.Tensor:
+        """bool [B, n, K] -> additive [B, 1, n, K]: 0 where allowed, the dtype's minimum elsewhere."""
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+        additive.masked_fill_(~mask, torch.finfo(self.dtype).min)
+        return additive[:, None]
 
     # -- text ----------------------------------------------------------------------------------
     def encode(self, text: str, chat: bool = True) -> list[int]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .verdict import Verdict
+
 # Below this residual mass a rejection can only come from rounding; fall back to the target row.
 RESIDUAL_EPS = 1e-12
 
@@ -38,15 +40,15 @@ def speculative_verify(
     draft_tokens: torch.Tensor,
     generator: torch.Generator | None = None,
     bonus: bool = True,
-) -> tuple[int, torch.Tensor | None]:
+) -> Verdict:
     """Verify a chain of drafts.
 
     target_probs: [g + 1, V] (or [g, V] without bonus), the target's warped distributions at each draft
                   position and after the last.
     draft_probs:  [g, V], the draft's warped distributions the drafts were sampled from.
     draft_tokens: [g], the drafted token ids.
-    Returns (number accepted n, next token): the caller commits draft_tokens[:n], then the next token,
-    which is None only when all drafts pass and `bonus` is off.
+    Returns a `Verdict` accepting nodes 0..n-1 (the first n drafts); its next token is None only when all
+    drafts pass and `bonus` is off.
     """
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     n = _accepted_prefix(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], generator)
@@ -55,8 +57,13 @@ def speculative_verify(
     elif bonus:
         dist = target_probs[n]
     else:
-        return n, None
-    return n, torch.multinomial(dist, 1, generator=generator)[0]
+        dist = None
+    return _chain_verdict(draft_tokens, n, dist, generator)
+
+
+def _chain_verdict(draft_tokens: torch.Tensor, n: int, dist: torch.Tensor | None, generator) -> Verdict:
+    nxt = None if dist is None else int(torch.multinomial(dist, 1, generator=generator)[0])
+    return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < draft_tokens.shape[0])
 
 
 def relaxed_verify(
@@ -67,7 +74,7 @@ def relaxed_verify(
     bonus: bool = True,
     eps: float = 0.0,
     resample: str = "opt",
-) -> tuple[int, torch.Tensor | None]:
+) -> Verdict:
     """Over-accepting verification (seed 002 §3.4): accept with b(x) = min(1, (target(x) + eps) / draft(x)).
 
     On rejection resample from "opt": P* = norm([target - b * draft]_+), the bias-minimising distribution
@@ -86,5 +93,5 @@ def relaxed_verify(
     elif bonus:
         dist = target_probs[n]
     else:
-        return n, None
-    return n, torch.multinomial(dist, 1, generator=generator)[0]
+        dist = None
+    return _chain_verdict(draft_tokens, n, dist, generator)

@@ -1,30 +1,127 @@
-"""Verification of several candidates for one position, and of a batch of draft chains.
+"""Verification of several candidates per position: token trees (MCSD, SpecInfer) and batches of chains.
 
-`recursive_rejection` is multi-candidate speculative sampling with i.i.d. candidates (SpecInfer's
-multi-step rule; MCSD Algorithm 1): candidates are tried in drawn order, each against the current
-residual, which after a rejection becomes norm(max(0, residual - draft)); the draft distribution is
-never changed. If every candidate fails, the token comes from the last residual. Exact for any k.
+Glossary (seed 004 §3.3-3.5, §3.8):
+  node rule   decides among the candidate children of one node. Signature
+              rule(target [V], draft [V], candidates [k], generator) -> (index or None, token), where the
+              token is the accepted candidate or, when all are rejected, a draw from the final residual
+              (or the target sample for the naive rule). The three rules:
+  recursive_rejection            candidates i.i.d. from draft (MCSD Algorithm 1; SpecInfer's multi-step
+                                 speculative sampling with one draft). Each candidate is tested against
+                                 the current residual, which becomes norm(max(0, residual - draft)) after
+                                 a rejection; the draft row never changes. Exact for any k.
+  without_replacement_rejection  candidates drawn one after another without replacement, tested in draw
+                                 order (MCSD Algorithm 2): the residual uses the draft row *before* the
+                                 rejected token is removed, then that token is zeroed in the draft row and
+                                 the row renormalised. Exact for any k up to the draft's support.
+  naive_rejection                MCNS: draw x from the target; accept the first candidate equal to x, else
+                                 emit x. Exact, and accepts less often (seed 004 Prop. C).
+  tree_verify walks down a `TokenTree` from the root, applying a node rule to each accepted node's
+              children, and returns one `Verdict`.
+Rows follow the tree convention: row 0 is the root, row 1 + g is node g, for target and draft alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from .chain import residual, speculative_verify
+from ..trees import TokenTree
+from .chain import residual
+from .verdict import Verdict
+
+NodeRule = Callable[..., tuple[int | None, int]]
 
 
 def recursive_rejection(
     target: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None = None
-) -> tuple[int | None, torch.Tensor]:
-    """target, draft: [V]; candidates: [k] drawn i.i.d. from draft. Returns (index of the accepted
-    candidate, its token) or (None, a token from the final residual)."""
+) -> tuple[int | None, int]:
+    """target, draft: [V]; candidates: [k] drawn i.i.d. from draft (duplicates kept: a repeat is always
+    rejected, but its residual update must still happen). Returns (index of the accepted candidate, its
+    token) or (None, a token from the final residual)."""
     current = target
     u = torch.rand(candidates.shape[0], generator=generator, device=target.device, dtype=target.dtype)
     for i, token in enumerate(candidates.tolist()):
         if u[i] * draft[token] < current[token]:
-            return i, candidates[i]
+            return i, token
         current = residual(current, draft)
-    return None, torch.multinomial(current, 1, generator=generator)[0]
+    return None, int(torch.multinomial(current, 1, generator=generator)[0])
+
+
+def without_replacement_rejection(
+    target: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[int | None, int]:
+    """target, draft: [V]; candidates: [k] distinct tokens drawn in this order without replacement from
+    draft. Same return as `recursive_rejection`."""
+    current, remaining = target, draft
+    u = torch.rand(candidates.shape[0], generator=generator, device=target.device, dtype=target.dtype)
+    for i, token in enumerate(candidates.tolist()):
+        if u[i] * remaining[token] < current[token]:
+            return i, token
+        current = residual(current, remaining)
+        remaining = remaining.clone()
+        remaining[token] = 0
+        mass = remaining.sum()
+        if mass <= 0:  # the whole support has been drawn: no candidate can follow
+            break
+        remaining = remaining / mass
+    return None, int(torch.multinomial(current, 1, generator=generator)[0])
+
+
+def naive_rejection(
+    target: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[int | None, int]:
+    """MCNS: one target draw; accepted when it is among the candidates."""
+    x = int(torch.multinomial(target, 1, generator=generator)[0])
+    hits = (candidates == x).nonzero()
+    return (int(hits[0, 0]), x) if hits.numel() else (None, x)
+
+
+NODE_RULES: dict[str, NodeRule] = {
+    "iid": recursive_rejection,
+    "without-replacement": without_replacement_rejection,
+    "naive": naive_rejection,
+}
+
+
+def tree_verify(
+    tree: TokenTree,
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    rule: NodeRule = recursive_rejection,
+    bonus: bool = True,
+    live: torch.Tensor | None = None,
+) -> Verdict:
+    """Walk down `tree` (seed 004 §3.8): at each accepted node try its children with `rule`.
+
+    tokens:       [N] the nodes' token ids.
+    target_probs: [1 + N, V] warped target rows (row 0 the root); without `bonus` the leaves' rows may be
+                  missing.
+    draft_probs:  [R, V] warped draft rows each node's children were drawn from (row 0 the root, row 1 + g
+                  node g; only nodes with children are read).
+    live:         [N] bool, False for padding candidates that must never be accepted (a draw without
+                  replacement from a support smaller than the branching factor); None: all live.
+    If every depth passes, the next token comes from the target's own row at the accepted leaf (the bonus);
+    after a rejection it is the node rule's token.
+    """
+    node, accepted = -1, []
+    current = target_probs[0]
+    while True:
+        kids = tree.children(node)
+        if live is not None:
+            kids = tuple(k for k in kids if bool(live[k]))
+        if not kids:
+            break
+        index, token = rule(current, draft_probs[1 + node], tokens[list(kids)], generator)
+        if index is None:
+            return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), int(token), True)
+        node = kids[index]
+        accepted.append(node)
+        current = target_probs[1 + node] if bonus or tree.children(node) else None
+    nxt = int(torch.multinomial(current, 1, generator=generator)[0]) if bonus else None
+    return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), nxt, False)
 
 
 def batch_verify(
@@ -33,18 +130,20 @@ def batch_verify(
     tokens: torch.Tensor,
     generator: torch.Generator | None = None,
     bonus: bool = True,
-) -> tuple[int | None, int, torch.Tensor | None]:
+) -> Verdict:
     """Batch speculative decoding (seed 002, Algorithm 4) for M chains of g drafts from one prefix.
 
     target_probs: [M, g + 1, V] (row 0 is the shared distribution after the prefix);
     draft_probs:  [M, g, V] (row 0 likewise shared); tokens: [M, g], chains drawn independently.
     The first tokens go through recursive rejection; the chain whose first token is accepted is then
-    verified alone with plain speculative sampling. Returns (chosen chain or None, accepted count,
-    next token or None when the whole chain passes without bonus).
+    verified alone with plain speculative sampling. This is `tree_verify` with the i.i.d. rule on the
+    tree of branching (M, 1, ..., 1), whose node (depth d, chain m) is index (d - 1) * M + m; the verdict
+    uses those indices.
     """
-    chosen, token = recursive_rejection(target_probs[0, 0], draft_probs[0, 0], tokens[:, 0], generator)
-    if chosen is None:
-        return None, 0, token
-    n, nxt = speculative_verify(target_probs[chosen, 1:], draft_probs[chosen, 1:], tokens[chosen, 1:], generator,
-                                bonus=bonus)
-    return chosen, 1 + n, nxt
+    m, g = tokens.shape
+    tree = TokenTree.from_branching((m,) + (1,) * (g - 1))
+    flat_tokens = tokens.t().reshape(-1)
+    scored = target_probs[:, 1:].transpose(0, 1).reshape(-1, target_probs.shape[-1])  # g or g - 1 depths
+    flat_target = torch.cat([target_probs[0, :1], scored])
+    flat_draft = torch.cat([draft_probs[0, :1], draft_probs[:, 1:].transpose(0, 1).reshape(m * (g - 1), -1)])
+    return tree_verify(tree, flat_tokens, flat_target, flat_draft, generator, recursive_rejection, bonus)

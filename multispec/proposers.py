@@ -1,0 +1,147 @@
+"""Drafting as proposers: an object that, given the session and a shape, proposes tokens on a tree.
+
+`Proposer.propose(session, shape)` returns a `Proposal`: the tree, its tokens, and the warped draft
+distributions each node was drawn from, keyed by parent (row 0 the root, row 1 + g node g). `shape` is a
+tuple of branching factors (a k-config; a chain of g drafts is (1,) * g); a proposer may return a smaller
+tree (a chain that stops early). `observe(verdict)` is the feedback hook, called after every
+verification, for proposers that adapt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .engine import Session
+from .trees import TokenTree
+from .verify.verdict import Verdict
+
+
+@dataclass
+class Proposal:
+    tree: TokenTree
+    tokens: torch.Tensor  # [N] token ids, node order
+    draft_probs: torch.Tensor  # [R, V]: row 0 the root, row 1 + g node g, for every node with children
+    live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
+
+
+class Proposer:
+    def propose(self, session: Session, shape: tuple[int, ...]) -> Proposal:
+        raise NotImplementedError
+
+    def observe(self, verdict: Verdict) -> None:
+        """Called with each verdict on this proposer's proposal."""
+
+
+class DraftChain(Proposer):
+    """The draft model samples a chain, one draft forward per token; with `confidence` the chain ends after
+    the first token whose probability under the draft's plain softmax (not the warped one, which is
+    one-hot when greedy) is below it. The stop is decided by the draft alone from tokens already drawn,
+    so verification stays exact."""
+
+    def __init__(self, confidence: float = 0.0):
+        self.confidence = confidence
+
+    def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
+        g = len(shape)
+        device = s.target_model.device
+        if g == 0:
+            return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
+                            torch.empty(0, s.target_model.vocab_size, device=device))
+        probs, tokens = [], []
+        logits = s.draft.feed(s.tokens)
+        for i in range(g):
+            q = s.sampling.probs(logits[-1])
+            token = s.sample(q)
+            probs.append(q)
+            tokens.append(token)
+            if self.confidence > 0 and torch.softmax(logits[-1].float(), -1)[token] < self.confidence:
+                break
+            if i + 1 < g:  # the last draft is never fed to the draft model
+                logits = s.draft.feed(s.tokens, token.reshape(1))
+        return Proposal(TokenTree.chain(len(tokens)), torch.stack(tokens).to(device), torch.stack(probs).to(device))
+
+
+class DraftTree(Proposer):
+    """The draft model expands a full tree of the given k-config level by level, one draft forward per
+    level (seed 004 §3.8): every node of depth d gets k_{d+1} children drawn from the draft's warped
+    distribution after its path, i.i.d. (`replacement`) or one after another without replacement, kept
+    in draw order. At temperature 0 the children are the draft's top-k tokens, best first, whatever
+    `replacement` says (i.i.d. argmax draws would all be the same token); they are verified against the
+    softmax of those k logits (seed 004 §3.6), which with a one-hot target accepts the target's argmax."""
+
+    def __init__(self, replacement: bool = False):
+        self.replacement = replacement
+        self._trees: dict[tuple[int, ...], TokenTree] = {}
+
+    def tree(self, shape: tuple[int, ...]) -> TokenTree:
+        if shape not in self._trees:
+            self._trees[shape] = TokenTree.from_branching(shape)
+        return self._trees[shape]
+
+    def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
+        tree = self.tree(shape)
+        device = s.target_model.device
+        logits = s.draft.feed(s.tokens)[-1:]  # [1, V]: the root
+        rows, tokens, live = [], [], []
+        parent_live = torch.ones(1, dtype=torch.bool, device=logits.device)
+        for d, k in enumerate(shape, start=1):
+            children, alive, stored = sample_children(s, logits, k, self.replacement)
+            rows.append(stored)
+            flat = children.reshape(-1)
+            tokens.append(flat)
+            parent_live = (alive & parent_live[:, None]).reshape(-1)
+            live.append(parent_live)
+            if d < len(shape):  # the deepest level is never fed to the draft model
+                logits = s.draft.feed(s.tokens, flat, tree=tree, nodes=tree.level(d))[-flat.numel():]
+        live_all = torch.cat(live)
+        return Proposal(tree, torch.cat(tokens).to(device), torch.cat(rows).to(device),
+                        None if bool(live_all.all()) else live_all.to(device))
+
+
+def sample_children(s: Session, logits: torch.Tensor, k: int, replacement: bool):
+    """k children for each of n nodes from their draft logits [n, V]: the session's sampling, or the top-k
+    at temperature 0. Returns (tokens [n, k], live [n, k] bool, the draft rows to verify against [n, V])."""
+    if s.sampling.greedy:
+        return top_children(logits, k)
+    probs = s.sampling.probs(logits)
+    return (*draw_children(probs, k, replacement, s.generator), probs)
+
+
+def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: torch.Generator | None = None):
+    """k children per row of probs [n, V]: i.i.d., or one after another without replacement in draw order.
+
+    Returns (tokens [n, k], live [n, k] bool). Without replacement from a row whose support is smaller than
+    k, the slots past the support are padding (a copy of the first child, live False): seed 004 §8.11(b),
+    exact because Algorithm 2 is exact for any number of candidates up to the support.
+    """
+    n, vocab = probs.shape
+    if replacement:
+        tokens = torch.multinomial(probs, k, replacement=True, generator=generator)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+    # an exponential race (arrival time Exp(1) / q), arrivals kept in time order, is the sequential draw
+    # order without replacement; tokens with q = 0 never arrive
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    arrival = -torch.log1p(-uniform) / probs
+    first = torch.topk(arrival, min(k, vocab), dim=-1, largest=False, sorted=True).indices
+    live = probs.gather(-1, first) > 0
+    return _pad(torch.where(live, first, first[:, :1]), live, k)
+
+
+def top_children(logits: torch.Tensor, k: int):
+    """Temperature 0: the k best tokens per row, best first, and the softmax of their logits as the draft
+    row (seed 004 §3.6). Returns (tokens [n, k], live [n, k], rows [n, V])."""
+    top = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
+    rows = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    rows.scatter_(-1, top.indices, torch.softmax(top.values.float(), -1))
+    return (*_pad(top.indices, torch.ones_like(top.indices, dtype=torch.bool), k), rows)
+
+
+def _pad(tokens: torch.Tensor, live: torch.Tensor, k: int):
+    """Pad [n, m] to k columns with dead copies of the first child (k above the vocabulary)."""
+    n, m = tokens.shape
+    if m == k:
+        return tokens, live
+    return (torch.cat([tokens, tokens[:, :1].expand(n, k - m)], 1),
+            torch.cat([live, torch.zeros(n, k - m, dtype=torch.bool, device=live.device)], 1))

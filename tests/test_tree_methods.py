@@ -1,0 +1,199 @@
+"""Token trees and the tree methods: layout, bad input, every model family, greedy and batch equivalence,
+the exactness checker on `mcsd`, `specinfer` and `batch-sd`, and the known-wrong variants failing it."""
+
+import pytest
+import torch
+
+from multispec import generate
+from multispec.check import check_method
+from multispec.decoding.tree import decode_mcsd
+from multispec.engine import ModelRunner, Session
+from multispec.models.markov import random_markov_pair
+from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
+from multispec.verify import Verdict
+from multispec.warp import Sampling
+from tests.conftest import FAMILIES, tiny_family, tiny_llama
+from tests.test_verify_tree import dedupe_rejection, sorted_rejection
+
+PROMPT = [5, 17, 3, 42, 8, 11, 9, 30]
+
+
+def test_from_branching_layout():
+    tree = TokenTree.from_branching([2, 2])  # seed 004 §3.9 worked example
+    assert tree.parents.tolist() == [-1, -1, 0, 0, 1, 1]
+    assert tree.children(-1) == (0, 1) and tree.children(0) == (2, 3) and tree.children(1) == (4, 5)
+    assert tree.depth.tolist() == [1, 1, 2, 2, 2, 2]
+    assert tree.visible[4].nonzero().flatten().tolist() == [1, 4]
+    assert not tree.visible[2, 3] and not tree.visible[0, 1]  # siblings never see each other
+    big = TokenTree.from_branching([4, 2, 2])
+    assert big.size == 28 and big.level(3) == slice(12, 28)
+    assert big.children(5) == (4 + 5 * 2 - 4 + 4, 4 + 5 * 2 - 4 + 5)  # child c of depth-2 node i: 12 + 2i + c
+    assert big.path(27) == [3, 11, 27]
+    assert TokenTree.from_branching([1, 1, 1]).is_chain
+
+
+@pytest.mark.parametrize("bad", ["4x0", "abc", "", "0", "2x-1", "4x2.5", "x"])
+def test_malformed_k_configs_are_refused(bad):
+    with pytest.raises(ValueError, match="k_config"):
+        parse_k_config(bad)
+    with pytest.raises(ValueError, match="k_config"):
+        generate(*random_markov_pair(4, 20, 0), [0], method="mcsd", k_config=bad, max_new_tokens=3)
+
+
+def test_tree_above_the_node_limit_is_refused():
+    assert parse_k_config("8x4x4") == (8, 4, 4)  # 8 + 32 + 128 nodes
+    with pytest.raises(ValueError, match=str(MAX_TREE_NODES)):
+        parse_k_config("16x16")  # 272 nodes
+    with pytest.raises(ValueError, match="node"):
+        TokenTree.from_parents([-1] * (MAX_TREE_NODES + 1))
+
+
+def test_more_candidates_than_the_warped_support_are_padding():
+    # top_k = 2 leaves two tokens per row, below k = 3: the third child is padding, never accepted
+    t, d = random_markov_pair(4, 30, seed=5)
+    r = generate(t, d, [0], method="mcsd", k_config="3x3", replacement=False, top_k=2, max_new_tokens=20, seed=1)
+    assert len(r.token_ids) == 20
+    report = check_method("mcsd", runs=3000, pairs=1, vocab=4, n_tokens=3, seed=4, top_k=2, k_config="3x2",
+                          replacement=False)
+    assert report.passed, report.pairs
+
+
+def test_runner_refuses_to_keep_an_entry_never_fed():
+    model = tiny_llama()
+    runner = ModelRunner(model)
+    runner.feed(PROMPT, torch.tensor([1, 2]))  # a chain of two tentative entries
+    with pytest.raises(RuntimeError, match="fed"):
+        runner.commit(len(PROMPT) + 3, [0, 1, 2])
+    runner = ModelRunner(model)
+    runner.feed(PROMPT, torch.tensor([1, 2, 3]), tree=TokenTree.from_branching([3]))
+    with pytest.raises(RuntimeError, match="path"):
+        runner.commit(len(PROMPT) + 3, [0, 1])  # siblings are not a path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_methods_on_every_family(family):
+    # the target as its own draft accepts every depth; greedy output equals greedy ar token for token
+    model = tiny_family(family)
+    ar = generate(model, None, PROMPT, method="ar", temperature=0, max_new_tokens=14).token_ids
+    # 14 tokens: batch-sd commits 3 + 3 + 3 + 3 + 2 (the budget cuts the last tree), mcsd 4 + 4 + 4 + 2
+    for method, params, calls in [("batch-sd", {"drafts": 2, "gamma": 2}, 5), ("mcsd", {"k_config": "2x2x1"}, 4)]:
+        r = generate(model, model, PROMPT, method=method, temperature=0, max_new_tokens=14, **params)
+        assert r.token_ids == ar, (family, method)
+        assert r.stats["rejections"] == 0 and r.stats["target_calls"] == calls, (family, method, r.stats)
+
+
+@pytest.mark.parametrize("family", ["Llama", "Mistral", "Gemma2"])
+def test_tree_masked_logits_equal_each_path(family):
+    model = tiny_family(family, seed=3)
+    tree = TokenTree.from_branching([2, 2, 1])
+    tokens = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(0))
+    runner = ModelRunner(model)
+    runner.feed(PROMPT[:-1])
+    logits = runner.feed(PROMPT, tokens, tree=tree)
+    for g in range(tree.size):
+        with torch.no_grad():
+            ref = model.model(torch.tensor([PROMPT + tokens[tree.path(g)].tolist()])).logits[0, -1].float()
+        assert torch.allclose(logits[1 + g], ref, atol=1e-4), (family, g)
+
+
+def test_greedy_tree_methods_equal_greedy_ar_on_tiny_llama():
+    model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    ar = generate(model, None, PROMPT, method="ar", temperature=0, max_new_tokens=30).token_ids
+    for method, params in [("mcsd", {"k_config": "4x2x1x1"}), ("mcsd", {"k_config": "2x2", "replacement": True}),
+                           ("mcsd", {"verifier": "naive"}), ("specinfer", {}), ("batch-sd", {"drafts": 3})]:
+        assert generate(model, draft, PROMPT, method=method, temperature=0, max_new_tokens=30,
+                        **params).token_ids == ar, method
+
+
+def test_batch_rows_give_the_same_tokens_as_tree_attention():
+    model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    for seed in range(3):
+        runs = [generate(model, draft, PROMPT, method="mcsd", k_config="2x2x1", temperature=1.0, max_new_tokens=24,
+                         seed=seed, tree_attention=flag) for flag in (True, False)]
+        assert runs[0].token_ids == runs[1].token_ids
+        assert runs[0].stats["target_calls"] == runs[1].stats["target_calls"]
+
+
+def test_specinfer_is_mcsd_on_the_same_tree():
+    t, d = random_markov_pair(5, 40, seed=2)
+    for replacement in (True, False):
+        for seed in range(3):
+            a = generate(t, d, [0], method="specinfer", k_config="1x3x1", replacement=replacement, max_new_tokens=30,
+                         seed=seed)
+            b = generate(t, d, [0], method="mcsd", k_config="1x3x1", replacement=replacement, max_new_tokens=30,
+                         seed=seed)
+            assert a.token_ids == b.token_ids
+
+
+def test_mcsd_continues_from_its_compacted_cache():
+    # after the last commit, both of the session's own caches must continue like a fresh forward over the
+    # committed sequence
+    model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    s = Session(model, draft, PROMPT, Sampling(1.0), 20, torch.Generator().manual_seed(5))
+    decode_mcsd(s, k_config="3x2x1")
+    assert s.counters["rejections"] > 0 and s.counters["accepted"] > 0  # paths other than node 0 were kept
+    for runner, m in ((s.target, model), (s.draft, draft)):
+        with torch.no_grad():
+            ref = m.model(torch.tensor([s.tokens])).logits[0, -1].float()
+        assert torch.allclose(runner.feed(s.tokens)[-1], ref, atol=1e-4)
+
+
+def session(prompt=(0,), budget=10, eos=None):
+    t, d = random_markov_pair(6, 30, seed=0)
+    t.eos_token_id = eos
+    return Session(t, d, list(prompt), Sampling(1.0), budget, torch.Generator().manual_seed(0))
+
+
+def test_commit_cuts_at_an_eos_inside_the_accepted_path():
+    s = session(eos=3)
+    tree = TokenTree.from_branching([2, 1, 1])
+    s.target.feed(s.tokens, torch.tensor([1, 2, 3, 4, 5, 0]), tree=tree)
+    s.draft.feed(s.tokens, torch.tensor([1, 2, 3, 4]), tree=tree, nodes=slice(0, 4))
+    s.commit(Verdict((1, 3, 5), (2, 3, 0), 4, False), drafted=3)  # EOS is the second accepted token
+    assert s.new_tokens == [2, 3] and s.stopped == "eos"
+    assert s.counters["accepted"] == 3 and s.counters["iterations"] == 1
+    assert s.target.committed == 2 and s.target.tentative == 0  # prompt + node 1; the EOS itself uncached
+
+
+def test_commit_cuts_at_the_budget_inside_the_accepted_path():
+    s = session(budget=2)
+    tree = TokenTree.from_branching([1, 1, 1])
+    s.target.feed(s.tokens, torch.tensor([1, 2, 4]), tree=tree)
+    s.draft.feed(s.tokens, torch.tensor([1, 2]), tree=tree, nodes=slice(0, 2))
+    s.commit(Verdict((0, 1, 2), (1, 2, 4), 5, False), drafted=3)
+    assert s.new_tokens == [1, 2] and s.stopped == "length"
+    assert s.target.committed == 2 and s.draft.committed == 2  # prompt + the first draft; the last uncached
+
+
+@pytest.mark.parametrize("method, params, sampling", [
+    ("mcsd", {"k_config": "2x2", "replacement": True}, {}),
+    ("mcsd", {"k_config": "2x2", "replacement": False}, {}),
+    ("mcsd", {"k_config": "3x2", "replacement": True}, {}),
+    ("mcsd", {"k_config": "3x2", "replacement": False}, {"temperature": 0.7, "top_p": 0.9}),
+    ("mcsd", {"k_config": "2x1x2", "replacement": False}, {}),
+    ("mcsd", {"k_config": "2x1x2", "replacement": True}, {}),
+    ("mcsd", {"k_config": "3x2", "verifier": "naive"}, {}),
+    ("mcsd", {"k_config": "2x2", "tree_attention": False}, {}),
+    ("specinfer", {"k_config": "1x3x1"}, {}),
+    ("specinfer", {"k_config": "1x3x1", "replacement": False}, {}),
+])
+def test_tree_methods_pass_the_checker(method, params, sampling):
+    report = check_method(method, runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
+    assert report.passed, report.pairs
+
+
+@pytest.mark.parametrize("params", [{"k_config": "2x2", "replacement": False}, {"k_config": "2x2x1"}])
+def test_tree_methods_pass_on_full_history_models(params):
+    report = check_method("mcsd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history", **params)
+    assert report.passed, report.pairs
+
+
+@pytest.mark.parametrize("params", [
+    {"k_config": "3x2", "replacement": True, "rule": dedupe_rejection},  # skipping duplicate candidates
+    {"k_config": "3x2", "replacement": False, "rule": sorted_rejection},  # sorting candidates by the draft
+    {"k_config": "3x2", "replacement": False, "verifier": "mcss",  # without replacement, Algorithm 1's residual
+     "rule": __import__("multispec.verify", fromlist=["x"]).recursive_rejection},
+])
+def test_plausible_mistakes_fail_the_checker(params):
+    report = check_method("mcsd", runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5, **params)
+    assert not report.passed
