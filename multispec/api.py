@@ -172,6 +172,7 @@ def _stats(s: Session, seconds: float) -> dict[str, Any]:
         "target_calls": target_calls,
         "draft_calls": draft_calls,
         "drafted": c["drafted"],
+        "draft_nodes": c["nodes"],  # tokens proposed (a tree's nodes; equals drafted for chains)
         "accepted": c["accepted"],
         "iterations": c["iterations"],
         "rejections": c["rejections"],

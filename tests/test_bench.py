@@ -114,6 +114,18 @@ def test_malformed_prompt_files(tmp_path, content, needle):
         load_prompts([path])
 
 
+def test_spec_bench_rag_rows_with_several_acceptable_answers(tmp_path):
+    # Spec-Bench's RAG rows give, per turn, a list of acceptable answers; the first is the reference
+    path = tmp_path / "rag.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": ["Who?"],
+                                "reference": [["Pakistan", "the Pakistani state"]]}) + "\n"
+                    + json.dumps({"turns": ["Bad?"], "reference": [[1, 2]]}) + "\n")
+    with pytest.raises(ValueError, match="line 2: 'reference' must be a string"):
+        load_prompts([path])
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+    assert [p.reference for p in load_prompts([path])] == ["Pakistan"]
+
+
 def test_missing_prompt_file(tmp_path):
     with pytest.raises(ValueError, match="nope.jsonl does not exist"):
         load_prompts([tmp_path / "nope.jsonl"])

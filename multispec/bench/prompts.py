@@ -140,6 +140,9 @@ def _jsonl(path: Path, text: str) -> list[Prompt]:
         reference = row.get("reference")
         if isinstance(reference, list):  # Spec-Bench: one reference per turn; we use the first turn
             reference = reference[0] if reference else None
+        if isinstance(reference, list) and all(isinstance(r, str) for r in reference):
+            # Spec-Bench's RAG rows list several acceptable answers for a turn: the first is the reference
+            reference = reference[0] if reference else None
         if reference is not None and not isinstance(reference, str):
             raise ValueError(f"{where}: 'reference' must be a string or a list of strings")
         category = row.get("category", path.stem)
