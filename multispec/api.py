@@ -64,7 +64,9 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
         draft_model = load_model(draft, device, default=DEFAULT_DRAFT, dtype=dtype)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
-    describe = {m.name: DEFAULT_NAMES.get(m.name, m.name) for m in (target_model, draft_model) if m is not None}
+    loaded_as = f" - loaded as {parse_dtype(dtype)}".replace("torch.", "") if dtype is not None else ""
+    describe = {m.name: DEFAULT_NAMES.get(m.name, m.name) + loaded_as for m in (target_model, draft_model)
+                if m is not None}
     return ModelPair(target_model, draft_model, describe)
 
 

@@ -197,3 +197,11 @@ def test_tree_methods_pass_on_full_history_models(params):
 def test_plausible_mistakes_fail_the_checker(params):
     report = check_method("mcsd", runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5, **params)
     assert not report.passed
+
+
+def test_dtype_names_are_checked():
+    from multispec.api import parse_dtype
+
+    assert parse_dtype("bfloat16") == torch.bfloat16 and parse_dtype(None) is None
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16"):
+        parse_dtype("float8")
