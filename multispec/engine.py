@@ -130,8 +130,8 @@ class ModelRunner:
         Everything else tentative is dropped. A kept entry that was never fed is an error."""
         if any(not 0 <= k < self.tentative for k in kept):
             raise RuntimeError(f"cannot keep entries {list(kept)}: only {self.tentative} were fed")
-        tree = self.tree or TokenTree.chain(self.tentative)
-        if not tree.is_root_path(kept):
+        chain_path = self.tree is None and list(kept) == list(range(len(kept)))
+        if not chain_path and (self.tree is None or not self.tree.is_root_path(kept)):
             raise RuntimeError(f"kept entries {list(kept)} are not a path down the fed tree")
         # the last committed token stays uncached
         kept = list(kept)[: max(0, new_length - 1 - self.committed)]
@@ -204,6 +204,11 @@ class Session:
         if self.max_length is not None:
             left = min(left, self.max_length - len(self.tokens))
         return left
+
+    def draft_depth(self, wanted: int, bonus: bool = True) -> int:
+        """How many draft positions this iteration may hold: the bonus token needs a slot too; without a
+        bonus, draft up to the budget (at least one)."""
+        return min(wanted, self.budget() - 1) if bonus else max(1, min(wanted, self.budget()))
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         if self.sampling.greedy:

@@ -12,6 +12,7 @@ same way, by the parent a node was drawn from.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,7 @@ class TokenTree:
 
     @classmethod
     def chain(cls, n: int) -> TokenTree:
-        return cls.from_parents(list(range(-1, n - 1)))
+        return _chain(n)
 
     @classmethod
     def from_branching(cls, branching: list[int] | tuple[int, ...]) -> TokenTree:
@@ -115,6 +116,12 @@ class TokenTree:
                 return False
             parent = g
         return True
+
+
+@functools.lru_cache(maxsize=64)
+def _chain(n: int) -> TokenTree:
+    # trees are immutable: a chain proposer asks for the same few lengths every iteration
+    return TokenTree.from_parents(list(range(-1, n - 1)))
 
 
 def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:

@@ -180,12 +180,13 @@ def test_empty_tree_is_a_plain_target_step():
 
 def test_dead_padding_candidates_are_never_accepted():
     tree = TokenTree.from_branching([3])
-    tokens = torch.tensor([4, 4, 4])  # slots 1 and 2 are padding copies
+    tokens = torch.tensor([4, 2, 2])  # slots 1 and 2 are padding; as live candidates, 2 would pass
     live = torch.tensor([True, False, False])
-    target = EYE[[4, 0, 0, 0]]
-    draft = EYE[[4]]
-    v = tree_verify(tree, tokens, target, draft, rule=without_replacement_rejection, live=live)
-    assert v.accepted == (0,)
+    target = EYE[[2, 0, 0, 0]]  # the target wants 2
+    draft = 0.5 * (EYE[[4]] + EYE[[2]])
+    v = tree_verify(tree, tokens, target, draft, rule=recursive_rejection, live=live)
+    assert v == Verdict((), (), 2, True)  # 4 rejected, the padding skipped, 2 drawn from the residual
+    assert tree_verify(tree, tokens, target, draft, rule=recursive_rejection).accepted == (1,)
 
 
 def test_no_bonus_leaves_the_next_token_empty():

@@ -21,8 +21,7 @@ def decode(s: Session, gamma: int = 4, bonus: bool = True, confidence: float = 0
     `confidence` > 0 ends a chain early after a draft token whose unwarped draft probability is below it."""
     proposer = DraftChain(confidence)
     while not s.done:
-        # the bonus token needs a slot too; without bonus, draft up to the budget
-        g = min(gamma, s.budget() - 1) if bonus else max(1, min(gamma, s.budget()))
+        g = s.draft_depth(gamma, bonus)
         proposal = proposer.propose(s, (1,) * g)
         drafts = proposal.tokens
         # without a bonus token nothing needs the target's distribution after the last draft

@@ -33,8 +33,7 @@ def speculate_tree(
     """The shared loop. `drafted_per_depth`: draft positions counted per depth (1 for a tree, M for M
     chains), for the acceptance rate."""
     while not s.done:
-        # the bonus token needs a slot too; without bonus, draft up to the budget
-        depth = min(len(shape), s.budget() - 1) if bonus else max(1, min(len(shape), s.budget()))
+        depth = s.draft_depth(len(shape), bonus)
         if depth <= 0:  # room for one token only: a plain target step
             s.commit(Verdict.token(target_step(s)))
             continue
