@@ -109,12 +109,15 @@ def generate(
     """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
     tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output."""
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params)
-    if spec.needs_draft:
-        if draft is None:
-            raise ValueError(f"method {method!r} needs a draft model; none was given")
-        check_compatible(target, draft)
-    else:
+    use = spec.draft_use(params)
+    if use == "required" and draft is None:
+        raise ValueError(f"method {method!r} needs a draft model; none was given (or use drafter=lookup, "
+                         "suffix or hybrid, which need none)" if "drafter" in spec.params else
+                         f"method {method!r} needs a draft model; none was given")
+    if use == "none":
         draft = None
+    if draft is not None:
+        check_compatible(target, draft)
     prompt_ids = _prompt_ids(target, prompt, chat)
     room = target.max_length
     if room is not None and len(prompt_ids) >= room:
@@ -184,4 +187,10 @@ def _stats(s: Session, seconds: float) -> dict[str, Any]:
         "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
         "forward_seconds": forward,
         "stopped": s.stopped,
+        # iterations that accepted n drafts, at index n; per draft position, the acceptance of iterations
+        # that reached it (every earlier draft accepted)
+        "accepted_length_histogram": list(s.accepted_lengths),
+        "position_acceptance": [a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries),
+                                                       s.position_tries, strict=False)],
+        **s.info,
     }

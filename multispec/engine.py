@@ -83,6 +83,20 @@ class ModelRunner:
         self.tentative += n_extra
         return logits[0]
 
+    def prefill(self, tokens: list[int]) -> None:
+        """Cache every committed token but the last in one forward (its logits are not needed), so that
+        the next `feed` scores only the last token and the proposal."""
+        pending = tokens[self.committed : -1]
+        if not pending or self.tentative:
+            return
+        device = self.model.device
+        inputs = torch.tensor(pending, dtype=torch.long, device=device)[None]
+        t0 = time.perf_counter()
+        self.model.forward(self.cache, inputs, logits_to_keep=1)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        self.committed += len(pending)
+
     def feed_paths(self, tokens: list[int], extra: torch.Tensor, tree: TokenTree) -> torch.Tensor:
         """Score a tree without tree attention (seed 004 §3.11): the cache is copied once per root-to-leaf
         path and each batch row feeds the uncached committed tokens and its path. Same rows as
@@ -149,6 +163,11 @@ class ModelRunner:
         self.tree = self.paths = None
 
 
+def _bump(counts: list[int], i: int) -> None:
+    counts.extend([0] * (i + 1 - len(counts)))
+    counts[i] += 1
+
+
 def _tree_mask(n_pending: int, n_cached: int, visible: torch.Tensor) -> torch.Tensor:
     """Bool mask [1, n_pending + E, n_cached + n_pending + T] for pending committed rows (causal) followed
     by E tree rows that see every committed token and `visible` ([E, T]) among the tentative entries."""
@@ -187,6 +206,12 @@ class Session:
         self.eos = target.eos_token_id
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
         self.counters = {"iterations": 0, "drafted": 0, "nodes": 0, "accepted": 0, "rejections": 0}
+        # accepted_lengths[n]: iterations that accepted n drafts; position_tries[i] / position_accepts[i]:
+        # iterations that reached draft position i (every earlier one accepted) / accepted it
+        self.accepted_lengths: list[int] = []
+        self.position_tries: list[int] = []
+        self.position_accepts: list[int] = []
+        self.info: dict = {}  # method-specific statistics, merged into the result's stats
         limits = [m.max_length for m in (target, draft) if m is not None and m.max_length is not None]
         self.max_length = min(limits) if limits else None
 
@@ -215,16 +240,25 @@ class Session:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
 
-    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None) -> None:
+    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None) -> None:
         """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
         commit both runners to the accepted path. `drafted`: draft positions this iteration (for the
-        acceptance rate); `nodes`: proposed nodes, when a tree holds more than `drafted`."""
+        acceptance rate); `nodes`: proposed nodes, when a tree holds more than `drafted`; `depth`: the
+        proposal's depth when it differs from `drafted` (several chains)."""
         self.append(verdict.new_tokens)
+        accepted = len(verdict.accepted)
+        depth = drafted if depth is None else depth
         self.counters["iterations"] += 1
         self.counters["drafted"] += drafted
         self.counters["nodes"] += drafted if nodes is None else nodes
-        self.counters["accepted"] += len(verdict.accepted)
+        self.counters["accepted"] += accepted
         self.counters["rejections"] += int(verdict.rejected)
+        if depth:
+            _bump(self.accepted_lengths, accepted)
+            for i in range(min(accepted + 1, depth)):
+                _bump(self.position_tries, i)
+            for i in range(accepted):
+                _bump(self.position_accepts, i)
         for runner in (self.target, self.draft):
             if runner is None:
                 continue

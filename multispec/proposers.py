@@ -24,6 +24,18 @@ class Proposal:
     tokens: torch.Tensor  # [N] token ids, node order
     draft_probs: torch.Tensor  # [R, V]: row 0 the root, row 1 + g node g, for every node with children
     live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
+    fixed: torch.Tensor | None = None  # [N] bool: nodes proposed deterministically (one-hot draft); None: none
+
+
+@dataclass
+class Option:
+    """One way to draft this iteration, for a controller that picks the length: `key` names the drafter
+    (and what it matched) for its acceptance statistics, `length` is the most drafts it can give, `runner` the
+    draft model's runner when drafting costs its forwards (None: free), and `make(g)` builds the chain of g."""
+    key: str
+    length: int
+    runner: object | None
+    make: object  # Callable[[int], Proposal]
 
 
 class Proposer:
@@ -33,12 +45,19 @@ class Proposer:
     def observe(self, verdict: Verdict) -> None:
         """Called with each verdict on this proposer's proposal."""
 
+    def options(self, session: Session, depth: int) -> list[Option]:
+        """The chains this proposer could draft now, up to `depth` tokens (see `Option`)."""
+        return [Option(getattr(self, "name", type(self).__name__), depth, session.draft,
+                       lambda g: self.propose(session, (1,) * g))]
+
 
 class DraftChain(Proposer):
     """The draft model samples a chain, one draft forward per token; with `confidence` the chain ends after
     the first token whose probability under the draft's plain softmax (not the warped one, which is
     one-hot when greedy) is below it. The stop is decided by the draft alone from tokens already drawn,
     so verification stays exact."""
+
+    name = "model"
 
     def __init__(self, confidence: float = 0.0):
         self.confidence = confidence
@@ -70,6 +89,8 @@ class DraftTree(Proposer):
     in draw order. At temperature 0 the children are the draft's top-k tokens, best first, whatever
     `replacement` says (i.i.d. argmax draws would all be the same token); they are verified against the
     softmax of those k logits (seed 004 §3.6), which with a one-hot target accepts the target's argmax."""
+
+    name = "model"
 
     def __init__(self, replacement: bool = False):
         self.replacement = replacement

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..drafters import DRAFTERS
 from ..trees import parse_k_config
 from . import ar, beam, sd, tree
 
@@ -34,6 +35,13 @@ class Method:
     # internal keyword arguments (e.g. a verifier for tests); not exposed to the CLI
     hidden: tuple[str, ...] = ()
 
+    def draft_use(self, params: dict[str, Any]) -> str:
+        """'required', 'optional' (used where given: `drafter=hybrid`) or 'none' for resolved `params`."""
+        if not self.needs_draft:
+            return "none"
+        drafter = params.get("drafter", "model")
+        return {"model": "required", "hybrid": "optional"}.get(drafter, "none")
+
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in, types and ranges checked; ValueError naming the parameter otherwise."""
         out = {}
@@ -51,6 +59,8 @@ class Method:
             out[key] = value
         for key, spec in self.params.items():
             out.setdefault(key, spec.default)
+        if out.get("min_ngram", 1) > out.get("max_ngram", 1 << 30):
+            raise ValueError(f"min_ngram ({out['min_ngram']}) must not exceed max_ngram ({out['max_ngram']})")
         return out
 
 
@@ -69,12 +79,23 @@ def coerce(key: str, value: Any, kind: type) -> Any:
             return int(value)
         except (TypeError, ValueError):
             raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if kind is IntOrAuto:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return coerce(key, value, int)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer or 'auto', got {value!r}") from None
     if kind is float:
         try:
             return float(value)
         except (TypeError, ValueError):
             raise ValueError(f"{key} must be a number, got {value!r}") from None
     return value
+
+
+class IntOrAuto:
+    """Parameter type: an integer, or the string 'auto'."""
 
 
 METHODS: dict[str, Method] = {}
@@ -98,15 +119,33 @@ register(Method("beam", beam.decode, needs_draft=False, exact="reference",
                 params={"width": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "beam width W"),
                         "deterministic": Param(bool, False, rule="true or false",
                                                help="keep the W best extensions instead of sampling")}))
+def drafter_params(tree: bool = False) -> dict[str, Param]:
+    what = "the model's tree with the copied chain as one more branch" if tree else "the model elsewhere"
+    return {
+        "drafter": Param(str, "model", lambda v: v in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS),
+                         "who drafts: the draft model, prompt lookup, suffix matching (no model needed), or "
+                         f"hybrid: a copy where the text repeats, {what}"),
+        "min_ngram": Param(int, 1, lambda v: v >= 1, "an integer >= 1", "shortest n-gram a copy may match"),
+        "max_ngram": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "longest n-gram a copy tries to match"),
+    }
+
+
+def _gamma(v) -> bool:
+    return v == "auto" or v >= 1
+
+
 register(Method("sd", sd.decode, needs_draft=True, exact="equals ar in distribution",
                 summary="speculative sampling with a chain of gamma drafts",
-                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call (at most)"),
+                params={"gamma": Param(IntOrAuto, 4, _gamma, "an integer >= 1 or 'auto'",
+                                       "drafts per target call (at most); auto: chosen each call from the "
+                                       "target's measured cost curve and the acceptance so far"),
                         "bonus": Param(bool, True, rule="true or false",
                                        help="sample a free target token after a fully accepted chain"),
                         "confidence": Param(float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                                             "end a chain after a draft token the draft gave less than this "
-                                            "probability (0: always gamma drafts)")},
-                hidden=("verify",)))
+                                            "probability (0: always gamma drafts)"),
+                        **drafter_params()},
+                hidden=("verify", "proposer")))
 register(Method("sd-opt", sd.decode_relaxed, needs_draft=True, exact="biased when eps > 0 (eps = 0 is sd)",
                 summary="over-accepting speculative sampling (seed 002 Decoding-OPT / UNO)",
                 params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call"),
@@ -129,7 +168,8 @@ register(Method("batch-sd", tree.decode_batch, needs_draft=True, exact="equals a
                 summary="M independent draft chains verified together (seed 002 batch SD)",
                 params={"drafts": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "number of draft chains M"),
                         "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per chain"),
-                        "bonus": Param(bool, True, rule="true or false")}))
+                        "bonus": Param(bool, True, rule="true or false"),
+                        **drafter_params(tree=True)}))
 register(Method("mcsd", tree.decode_mcsd, needs_draft=True, exact="equals ar in distribution",
                 summary="multi-candidate speculative decoding on a token tree (seed 004)",
                 params={"k_config": Param(str, "4x2x1x1", _is_k_config, K_CONFIG_RULE,
@@ -141,11 +181,13 @@ register(Method("mcsd", tree.decode_mcsd, needs_draft=True, exact="equals ar in 
                                                 help="score the tree in one masked row; false: one batch row of "
                                                      "copied caches per root-to-leaf path (ablation)"),
                         "verifier": Param(str, "mcss", lambda v: v in ("mcss", "naive"), "'mcss' or 'naive'",
-                                          "multi-candidate speculative sampling, or the naive MCNS baseline")},
+                                          "multi-candidate speculative sampling, or the naive MCNS baseline"),
+                        **drafter_params(tree=True)},
                 hidden=("rule",)))
 register(Method("specinfer", tree.decode_specinfer, needs_draft=True, exact="equals ar in distribution",
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": Param(str, "1x1x3x1x1x1x1x1", _is_k_config, K_CONFIG_RULE,
                                           "expansion tree: children per node at each depth"),
                         "replacement": Param(bool, True, rule="true or false",
-                                             help="i.i.d. children, or draws without replacement")}))
+                                             help="i.i.d. children, or draws without replacement"),
+                        **drafter_params(tree=True)}))

@@ -93,6 +93,7 @@ def tree_verify(
     rule: NodeRule = recursive_rejection,
     bonus: bool = True,
     live: torch.Tensor | None = None,
+    fixed: torch.Tensor | None = None,
 ) -> Verdict:
     """Walk down `tree` (seed 004 §3.8): at each accepted node try its children with `rule`.
 
@@ -103,6 +104,10 @@ def tree_verify(
                   node g; only nodes with children are read).
     live:         [N] bool, False for padding candidates that must never be accepted (a draw without
                   replacement from a support smaller than the branching factor); None: all live.
+    fixed:        [N] bool, True for children proposed deterministically (a copying drafter: one-hot draft).
+                  A node's fixed children are tested first, each passing with the current residual's
+                  probability of its token, which then leaves the residual; the rest go to `rule` with the
+                  parent's draft row. None: no fixed nodes.
     If every depth passes, the next token comes from the target's own row at the accepted leaf (the bonus);
     after a rejection it is the node rule's token.
     """
@@ -114,14 +119,38 @@ def tree_verify(
             kids = tuple(k for k in kids if bool(live[k]))
         if not kids:
             break
-        index, token = rule(current, draft_probs[1 + node], tokens[list(kids)], generator)
-        if index is None:
+        chosen, token, current = _fixed_children(current, kids, tokens, fixed, generator)
+        if chosen is None:
+            drawn = tuple(k for k in kids if fixed is None or not bool(fixed[k]))
+            if drawn:
+                index, token = rule(current, draft_probs[1 + node], tokens[list(drawn)], generator)
+                chosen = None if index is None else drawn[index]
+            else:
+                token = int(torch.multinomial(current, 1, generator=generator)[0])
+        if chosen is None:
             return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), int(token), True)
-        node = kids[index]
+        node = chosen
         accepted.append(node)
         current = target_probs[1 + node] if bonus or tree.children(node) else None
     nxt = int(torch.multinomial(current, 1, generator=generator)[0]) if bonus else None
     return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), nxt, False)
+
+
+def _fixed_children(current: torch.Tensor, kids, tokens: torch.Tensor, fixed, generator):
+    """Test the fixed children among `kids` in order: (accepted child or None, its token, the residual)."""
+    if fixed is None:
+        return None, None, current
+    for k in kids:
+        if not bool(fixed[k]):
+            continue
+        token = int(tokens[k])
+        u = torch.rand((), generator=generator, device=current.device, dtype=current.dtype)
+        if u < current[token]:
+            return k, token, current
+        one_hot = torch.zeros_like(current)
+        one_hot[token] = 1.0
+        current = residual(current, one_hot)
+    return None, None, current
 
 
 def batch_verify(

@@ -1,0 +1,272 @@
+"""Copying drafters (lookup, suffix, hybrid), fixed nodes in verification, and the draft-length controller."""
+
+import pytest
+import torch
+
+from multispec import generate
+from multispec.adaptive import _COSTS, DraftLength, ForwardCost, cost_key, forward_cost
+from multispec.check import check_method
+from multispec.drafters import Lookup, NgramIndex, Suffix, fixed_proposal
+from multispec.models.markov import random_markov_pair
+from multispec.proposers import Option, Proposal
+from multispec.trees import TokenTree
+from multispec.verify import recursive_rejection, tree_verify
+
+RUNS = 6000
+
+
+class _Tokens:
+    """Just what a copying drafter reads from a session."""
+
+    def __init__(self, tokens, vocab=10):
+        self.tokens = list(tokens)
+        self.target_model = type("M", (), {"device": torch.device("cpu"), "vocab_size": vocab})()
+
+
+# -- the n-gram index and the two copying drafters --------------------------------------------------------
+
+def test_index_finds_the_longest_match_and_every_occurrence():
+    index = NgramIndex(1, 3)
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 2, 3]
+    n, positions = index.match(tokens)
+    assert n == 2  # (7, 2, 3) never occurred before; (2, 3) twice
+    assert positions == [3, 7]  # followed by 9, then by 7
+    tokens.append(5)
+    assert index.match(tokens) == (0, [])  # 5 never occurred before
+
+
+def test_index_updated_token_by_token_equals_one_built_at_once():
+    tokens = torch.randint(4, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    step, whole = NgramIndex(1, 3), NgramIndex(1, 3)
+    for i in range(1, len(tokens) + 1):
+        step.update(tokens[:i])
+    whole.update(tokens)
+    assert step.tables == whole.tables
+
+
+def test_lookup_copies_what_followed_the_latest_occurrence():
+    s = _Tokens([5, 6, 1, 5, 6, 2, 8, 5, 6])
+    copy = Lookup(1, 3).find(s, (1, 1, 1))
+    assert copy.tokens == [2, 8, 5] and copy.key == "lookup:2"
+    assert copy.parents == [-1, 0, 1]
+
+
+def test_suffix_proposes_the_most_frequent_continuation_and_a_tree_of_the_top_ones():
+    s = _Tokens([5, 1, 2, 5, 1, 2, 5, 3, 4, 5])
+    chain = Suffix(1, 1).find(s, (1, 1))
+    assert chain.tokens == [1, 2] and chain.counts == [2, 2]  # 5 -> 1 twice, 5 -> 3 once
+    tree = Suffix(1, 1).find(s, (2, 1))
+    assert tree.tokens == [1, 3, 2, 4] and tree.parents == [-1, -1, 0, 1] and tree.counts == [2, 1, 2, 1]
+
+
+def test_fixed_proposal_rows_are_one_hot_on_each_parents_first_child():
+    s = _Tokens([5, 1, 2, 5, 1, 2, 5, 3, 4, 5])
+    p = fixed_proposal(s, Suffix(1, 1).find(s, (2, 1)))
+    assert p.fixed.all() and p.tree.size == 4
+    assert p.draft_probs.shape == (3, 10)  # root, node 0, node 1
+    assert p.draft_probs[0, 1] == 1 and p.draft_probs[1, 2] == 1 and p.draft_probs[2, 4] == 1
+    assert torch.equal(p.draft_probs.sum(-1), torch.ones(3))
+
+
+# -- fixed nodes in tree verification ----------------------------------------------------------------------
+
+def _verify_fixed(target_rows, tokens, parents, seed):
+    tree = TokenTree.from_parents(parents)
+    n = len(tokens)
+    return tree_verify(tree, torch.tensor(tokens), torch.tensor(target_rows, dtype=torch.float64),
+                       torch.zeros(1, len(target_rows[0]), dtype=torch.float64),
+                       torch.Generator().manual_seed(seed), recursive_rejection, True, None,
+                       torch.ones(n, dtype=torch.bool))
+
+
+def test_a_fixed_child_the_target_is_sure_of_always_passes_and_one_it_excludes_never():
+    rows = [[0.0, 1.0, 0.0], [0.2, 0.3, 0.5], [0.2, 0.3, 0.5]]
+    for seed in range(20):
+        v = _verify_fixed(rows, [1, 0], [-1, -1], seed)
+        assert v.accepted[:1] == (0,)
+        v = _verify_fixed([[0.5, 0.0, 0.5], *rows[1:]], [1, 2], [-1, -1], seed)
+        assert 0 not in v.accepted
+
+
+def test_two_fixed_children_give_the_target_law_at_the_root():
+    # children 0 and 1 of the root, both fixed: the first token of the output must follow the target's row
+    target = [0.5, 0.3, 0.2]
+    rows = [target, [1 / 3] * 3, [1 / 3] * 3]
+    counts = torch.zeros(3)
+    for seed in range(4000):
+        v = _verify_fixed(rows, [0, 1], [-1, -1], seed)
+        counts[v.new_tokens[0]] += 1
+    assert torch.allclose(counts / counts.sum(), torch.tensor(target), atol=0.03)
+
+
+def test_verifying_a_second_fixed_child_against_the_first_childs_row_is_biased():
+    # the mistake the `fixed` mask prevents: reading a one-hot row that belongs to the sibling
+    target = torch.tensor([[0.5, 0.3, 0.2], [1 / 3] * 3, [1 / 3] * 3], dtype=torch.float64)
+    draft = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)  # one-hot on child 0's token
+    tree = TokenTree.from_parents([-1, -1])
+    counts = torch.zeros(3)
+    for seed in range(4000):
+        v = tree_verify(tree, torch.tensor([0, 1]), target, draft, torch.Generator().manual_seed(seed))
+        counts[v.new_tokens[0]] += 1
+    assert (counts / counts.sum() - target[0].float()).abs().max() > 0.1
+
+
+# -- exactness of the methods with copying drafters ------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "method, params, sampling",
+    [
+        ("sd", {"gamma": 3, "drafter": "lookup"}, {}),
+        ("sd", {"gamma": 2, "drafter": "suffix", "max_ngram": 2}, {"temperature": 0.7, "top_p": 0.9}),
+        ("sd", {"gamma": 3, "drafter": "hybrid"}, {}),
+        ("batch-sd", {"drafts": 3, "gamma": 2, "drafter": "suffix"}, {}),  # several fixed children per node
+        ("batch-sd", {"drafts": 2, "gamma": 2, "drafter": "hybrid"}, {}),  # fixed and drawn children together
+        ("mcsd", {"k_config": "2x2", "drafter": "hybrid"}, {}),  # draws without replacement, and a copy
+        ("specinfer", {"k_config": "1x2", "drafter": "suffix"}, {"top_k": 2}),
+    ],
+)
+def test_copying_drafters_pass_the_checker(method, params, sampling):
+    report = check_method(method, runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, **sampling, **params)
+    assert report.passed, report.pairs
+
+
+class _UniformRows(Lookup):
+    """A plausible mistake: the copy verified against a flat draft row instead of its one-hot row (and no
+    fixed mask), so a copied token passes with min(1, V * target) - far too often."""
+
+    def propose(self, s, shape):
+        p = super().propose(s, shape)
+        flat = torch.full_like(p.draft_probs, 1 / p.draft_probs.shape[-1])
+        return Proposal(p.tree, p.tokens, flat)
+
+
+def test_copies_verified_against_a_flat_row_fail_the_checker():
+    report = check_method("sd", runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, gamma=3,
+                          proposer=lambda s: _UniformRows(1, 3))
+    assert not report.passed
+
+
+def test_suffix_trees_without_the_fixed_mask_fail_the_checker(monkeypatch):
+    import multispec.drafters as drafters
+
+    real = drafters.fixed_proposal
+
+    def unmasked(s, copy):
+        p = real(s, copy)
+        return Proposal(p.tree, p.tokens, p.draft_probs, p.live, None)
+
+    monkeypatch.setattr(drafters, "fixed_proposal", unmasked)
+    # five tokens over three: suffixes with several continuations are common (with two tokens the mistake
+    # is harmless: after one is rejected the residual is one-hot on the other)
+    report = check_method("batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2,
+                          drafter="suffix")
+    assert not report.passed
+    monkeypatch.setattr(drafters, "fixed_proposal", real)
+    assert check_method("batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2,
+                        drafter="suffix").passed
+
+
+@pytest.fixture
+def markov_costs():
+    """A fixed cost curve for the toy models, so that `gamma=auto` is deterministic in tests."""
+    target, draft = random_markov_pair(3, 5, 0)
+    keys = [cost_key(target), cost_key(draft)]
+    saved = {k: _COSTS.get(k) for k in keys}
+    _COSTS[keys[0]] = ForwardCost((1.0, 1.1, 1.2, 1.3, 1.4))
+    _COSTS[keys[1]] = ForwardCost((0.05,))
+    yield
+    for k, v in saved.items():
+        if v is None:
+            _COSTS.pop(k, None)
+        else:
+            _COSTS[k] = v
+
+
+@pytest.mark.parametrize("drafter", ["hybrid", "lookup"])
+def test_gamma_auto_passes_the_checker(markov_costs, drafter):
+    report = check_method("sd", runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, gamma="auto", drafter=drafter)
+    assert report.passed, report.pairs
+
+
+# -- the controller ---------------------------------------------------------------------------------------
+
+def _option(key, length, runner=None):
+    return Option(key, length, runner, lambda g: None)
+
+
+def test_controller_does_not_draft_when_no_length_pays():
+    steep = DraftLength(ForwardCost((1.0, 2.0, 3.0, 4.0)), None, max_gamma=3)
+    plan = steep.plan([_option("lookup:1", 3)])
+    assert plan.option is None and plan.length == 0 and plan.tokens == 1.0
+
+
+def test_controller_drafts_long_when_acceptance_is_high_and_the_forward_flat():
+    flat = DraftLength(ForwardCost((1.0, 1.05, 1.1, 1.15, 1.2)), None, max_gamma=4)
+    for _ in range(50):
+        flat.observe("lookup:3", 4, 4)
+    plan = flat.plan([_option("lookup:3", 4)])
+    assert plan.length == 4 and plan.tokens > 4.5
+
+
+def test_controller_prefers_the_option_with_the_better_record_and_counts_draft_forwards():
+    c = DraftLength(ForwardCost((1.0, 1.1, 1.2)), ForwardCost((0.5,)), max_gamma=2)
+    for _ in range(30):
+        c.observe("model", 2, 2)
+        c.observe("lookup:1", 2, 0)
+    plan = c.plan([_option("lookup:1", 2), _option("model", 2, runner=object())])
+    assert plan.option.key == "model"
+    assert plan.seconds == pytest.approx(1.2 + 2 * 0.5)
+
+
+def test_controller_rates_are_per_position_given_the_earlier_ones_passed():
+    c = DraftLength(ForwardCost((1.0,)), None, max_gamma=3)
+    c.observe("k", 3, 1)  # position 1 accepted, position 2 rejected, position 3 never reached
+    assert c.tries["k"] == [1, 1, 0] and c.accepts["k"] == [1, 0, 0]
+
+
+def test_forward_cost_is_measured_once_and_never_decreases(tiny_llama_model):
+    cost = forward_cost(tiny_llama_model)
+    assert forward_cost(tiny_llama_model) is cost
+    assert all(b >= a for a, b in zip(cost.seconds, cost.seconds[1:], strict=False))
+    assert cost(len(cost.seconds) + 3) >= cost.seconds[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_model():
+    from tests.conftest import tiny_llama
+
+    return tiny_llama()
+
+
+# -- the methods end to end --------------------------------------------------------------------------------
+
+def test_copying_drafters_need_no_draft_model_and_model_drafting_says_it_does(tiny_llama_model):
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    for drafter in ("lookup", "suffix", "hybrid"):
+        r = generate(tiny_llama_model, None, prompt, method="sd", drafter=drafter, temperature=0, max_new_tokens=12)
+        ar = generate(tiny_llama_model, None, prompt, method="ar", temperature=0, max_new_tokens=12)
+        assert r.token_ids == ar.token_ids and r.stats["draft_calls"] == 0
+    with pytest.raises(ValueError, match="needs a draft model.*lookup"):
+        generate(tiny_llama_model, None, prompt, method="sd", drafter="model")
+
+
+def test_stats_report_the_accepted_length_histogram_and_position_acceptance(tiny_llama_model):
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    r = generate(tiny_llama_model, tiny_llama_model, prompt, method="sd", gamma=3, temperature=0, max_new_tokens=20)
+    st = r.stats
+    hist = st["accepted_length_histogram"]
+    assert sum(hist) == st["iterations"]
+    assert sum(n * c for n, c in enumerate(hist)) == st["accepted"]
+    assert st["position_acceptance"][0] == 1.0  # the target drafting for itself, greedy: all accepted
+
+
+def test_bad_drafter_parameters_are_refused_before_any_model_runs():
+    from multispec.decoding import get_method
+
+    with pytest.raises(ValueError, match="drafter must be"):
+        get_method("sd").resolve({"drafter": "ngram"})
+    with pytest.raises(ValueError, match="min_ngram"):
+        get_method("sd").resolve({"drafter": "lookup", "min_ngram": 4, "max_ngram": 2})
+    with pytest.raises(ValueError, match="integer or 'auto'"):
+        get_method("sd").resolve({"gamma": "sometimes"})
+    assert get_method("sd").resolve({"gamma": "AUTO"})["gamma"] == "auto"
