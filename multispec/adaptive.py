@@ -1,8 +1,8 @@
 """Draft length that pays: a cost curve of the target's forward and the acceptance seen so far.
 
-`forward_cost(model)` measures T(k), the seconds of one forward over k new tokens on a cache of a typical
-length, once per model, dtype, device and thread count (a few seconds; kept in memory and, for Hugging Face
-models, in the cache folder). `DraftLength` keeps, per drafter key (the draft model, or a copying drafter
+`forward_cost(model)` measures T(k, c), the seconds of one forward over k new tokens on a cache of c tokens
+(two lengths, interpolated), once per model, dtype, device and thread count (a few seconds; kept in memory
+and, for Hugging Face models, in the cache folder). `DraftLength` keeps, per drafter key (the draft model, or a copying drafter
 and its match length) and per position, how often a drafted token was accepted given that the ones before
 it were. For every option it computes the expected tokens of drafting g tokens,
 
@@ -28,25 +28,43 @@ from .proposers import Option
 
 # the most drafts `gamma=auto` proposes; T(k) is measured up to MAX_AUTO_GAMMA + 1 tokens
 MAX_AUTO_GAMMA = 10
-COST_CONTEXT = 256  # cached tokens while measuring
-# the acceptance prior: a Beta(PRIOR_ACCEPT, PRIOR_REJECT) per position, so that a drafter is tried before
-# its record speaks
-PRIOR_ACCEPT, PRIOR_REJECT = 1.0, 1.0
+COST_CONTEXTS = (128, 1024)  # cached tokens while measuring: attention makes long contexts dearer
+# the acceptance prior: a Beta(PRIOR_ACCEPT, PRIOR_REJECT) per position (mean 1/3), so that a drafter is tried
+# before its record speaks, without the optimism that picking the best-looking option adds
+PRIOR_ACCEPT, PRIOR_REJECT = 1.0, 2.0
 
 
 @dataclass(frozen=True)
 class ForwardCost:
-    """seconds[k - 1]: one forward over k new tokens; beyond the measured range, linear extrapolation."""
-    seconds: tuple[float, ...]
+    """seconds[c][k - 1]: one forward over k new tokens after contexts[c] cached ones. Between measured
+    contexts the cost is interpolated linearly, beyond them extrapolated along the last segment (never
+    below the shortest context's cost); beyond the measured k, linearly along the last step."""
+    seconds: tuple[tuple[float, ...], ...]
+    contexts: tuple[int, ...] = (COST_CONTEXTS[0],)
 
-    def __call__(self, k: int) -> float:
+    def __post_init__(self):
+        if not self.seconds or isinstance(self.seconds[0], (int, float)):  # one context given as a flat tuple
+            object.__setattr__(self, "seconds", (tuple(self.seconds),))
+        if len(self.contexts) != len(self.seconds):
+            raise ValueError("one row of seconds per context")
+
+    def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
-        s = self.seconds
-        if k <= len(s):
-            return s[k - 1]
-        slope = max(s[-1] - s[-2], 0.0) if len(s) > 1 else s[-1]
-        return s[-1] + slope * (k - len(s))
+        rows = [_extend(row, k) for row in self.seconds]
+        if context is None or len(rows) == 1:
+            return rows[0]
+        c = self.contexts
+        i = max(0, min(len(c) - 2, sum(context > x for x in c[1:-1])))
+        w = (context - c[i]) / (c[i + 1] - c[i])
+        return max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+
+
+def _extend(row: tuple[float, ...], k: int) -> float:
+    if k <= len(row):
+        return row[k - 1]
+    slope = max(row[-1] - row[-2], 0.0) if len(row) > 1 else row[-1]
+    return row[-1] + slope * (k - len(row))
 
 
 _COSTS: dict[str, ForwardCost] = {}
@@ -68,8 +86,8 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
             saved = json.loads(store.read_text()).get(key)
         except (OSError, ValueError):
             saved = None
-        if saved and len(saved) >= max_tokens:
-            _COSTS[key] = ForwardCost(tuple(saved))
+        if saved and saved.get("contexts") == list(COST_CONTEXTS):
+            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]))
             return _COSTS[key]
     cost = measure_forward_cost(model, max_tokens)
     _COSTS[key] = cost
@@ -78,7 +96,7 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
             data = json.loads(store.read_text()) if store.exists() else {}
         except (OSError, ValueError):
             data = {}
-        data[key] = list(cost.seconds)
+        data[key] = {"contexts": list(cost.contexts), "seconds": [list(r) for r in cost.seconds]}
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(data, indent=1))
@@ -87,32 +105,35 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
     return cost
 
 
-def measure_forward_cost(model: LanguageModel, max_tokens: int, context: int = COST_CONTEXT,
-                         repeats: int = 5) -> ForwardCost:
+def measure_forward_cost(model: LanguageModel, max_tokens: int, contexts: tuple[int, ...] = COST_CONTEXTS,
+                         repeats: int = 4) -> ForwardCost:
     """Median over `repeats` interleaved rounds of the seconds of a forward over k = 1..max_tokens tokens
-    after `context` cached ones (random token ids: the cost does not depend on which)."""
-    if model.max_length is not None and context + max_tokens > model.max_length:  # toy models' short horizons
-        context = max(1, model.max_length // 2)
-        max_tokens = max(1, min(max_tokens, model.max_length - context))
+    after each of `contexts` cached tokens (random token ids: the cost does not depend on which)."""
+    if model.max_length is not None:  # toy models' short horizons
+        contexts = tuple(sorted({max(1, min(c, model.max_length // 2)) for c in contexts}))
+        max_tokens = max(1, min(max_tokens, model.max_length - contexts[-1]))
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(model.vocab_size, (1, context + max_tokens), generator=gen).to(model.device)
-    cache = model.new_cache()
-    model.forward(cache, ids[:, :context], logits_to_keep=1)
-    for k in (1, max_tokens):  # warm-up: lazy initialisation and allocator
-        model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
-        model.crop(cache, context)
-    times: list[list[float]] = [[] for _ in range(max_tokens)]
-    for _ in range(repeats):
-        for k in range(1, max_tokens + 1):
-            _sync(model)
-            t0 = time.perf_counter()
+    ids = torch.randint(model.vocab_size, (1, contexts[-1] + max_tokens), generator=gen).to(model.device)
+    rows = []
+    for context in contexts:
+        cache = model.new_cache()
+        model.forward(cache, ids[:, :context], logits_to_keep=1)
+        for k in (1, max_tokens):  # warm-up: lazy initialisation and allocator
             model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
-            _sync(model)
-            times[k - 1].append(time.perf_counter() - t0)
             model.crop(cache, context)
-    medians = [statistics.median(t) for t in times]
-    # a longer forward never costs less; a noisy dip would make the controller prefer it
-    return ForwardCost(tuple(max(medians[: k + 1]) for k in range(len(medians))))
+        times: list[list[float]] = [[] for _ in range(max_tokens)]
+        for _ in range(repeats):
+            for k in range(1, max_tokens + 1):
+                _sync(model)
+                t0 = time.perf_counter()
+                model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
+                _sync(model)
+                times[k - 1].append(time.perf_counter() - t0)
+                model.crop(cache, context)
+        medians = [statistics.median(t) for t in times]
+        # a longer forward never costs less; a noisy dip would make the controller prefer it
+        rows.append(tuple(max(medians[: k + 1]) for k in range(len(medians))))
+    return ForwardCost(tuple(rows), contexts)
 
 
 def _persistent(model: LanguageModel) -> bool:
@@ -154,18 +175,25 @@ class DraftLength:
         accepts = self.accepts.get(key, [0.0] * self.max_gamma)
         return [(a + PRIOR_ACCEPT) / (t + PRIOR_ACCEPT + PRIOR_REJECT) for a, t in zip(accepts, tries, strict=True)]
 
-    def plan(self, options: list[Option]) -> Plan:
-        best = Plan(None, 0, 1.0, self.target_cost(1))
+    def plan(self, options: list[Option], tokens: int, target_pending: int = 1) -> Plan:
+        """The best option and length for a sequence of `tokens` tokens whose last `target_pending` the
+        target has not cached yet. A draft model that lags (a copy drafted the last iterations) first feeds
+        what it missed: its first forward covers those tokens."""
+        best = Plan(None, 0, 1.0, self.target_cost(target_pending, tokens))
         for option in options:
             a = self.rates(option.key)
-            survive, tokens = 1.0, 1.0
+            catch_up = 0
+            if option.runner is not None and self.draft_cost is not None:
+                catch_up = max(1, tokens - option.runner.committed)
+            survive, expected = 1.0, 1.0
             for g in range(1, min(option.length, self.max_gamma) + 1):
                 survive *= a[g - 1]
-                tokens += survive
-                seconds = self.target_cost(g + 1) + (g * self.draft_cost(1) if option.runner is not None
-                                                     and self.draft_cost is not None else 0.0)
-                if tokens / seconds > best.tokens / best.seconds:
-                    best = Plan(option, g, tokens, seconds)
+                expected += survive
+                seconds = self.target_cost(target_pending + g, tokens)
+                if catch_up:
+                    seconds += self.draft_cost(catch_up, tokens) + (g - 1) * self.draft_cost(1, tokens)
+                if expected / seconds > best.tokens / best.seconds:
+                    best = Plan(option, g, expected, seconds)
         return best
 
     def observe(self, key: str, drafted: int, accepted: int) -> None:

@@ -9,6 +9,9 @@ import sys
 
 from .decoding import METHODS
 
+# what `multispec generate` runs with no method flags
+DEFAULT_METHOD = "sd:gamma=auto,drafter=hybrid"
+
 
 class UsageError(Exception):
     pass
@@ -43,13 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text with one method")
     g.add_argument("prompt")
-    g.add_argument("--method", default="sd", help=f"one of {', '.join(sorted(METHODS))} (default sd); "
-                   "parameters may follow a colon: sd:gamma=6")
+    g.add_argument("--method", default=DEFAULT_METHOD,
+                   help=f"one of {', '.join(sorted(METHODS))}; parameters may follow a colon: sd:gamma=6 "
+                   f"(default {DEFAULT_METHOD}: speculative sampling that copies from the prompt where it can, "
+                   "drafts with the draft model elsewhere, and picks each draft length, zero included, from the "
+                   "target's measured cost and the acceptance so far)")
     g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     _sampling_args(g, 1.0)
-    g.add_argument("--gamma", type=int, default=None, help="drafts per target call (sd)")
+    g.add_argument("--gamma", default=None, help="drafts per target call, or auto (sd)")
     g.add_argument("--width", type=int, default=None, help="beam width (beam)")
     g.add_argument("--deterministic", action="store_true", help="deterministic beam search (beam)")
     g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="any method parameter")
@@ -257,7 +263,7 @@ def cmd_generate(args) -> int:
     method, _, _ = validate_request(name, args.max_new_tokens, args.temperature, args.top_k, args.top_p, params)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
-    if method.needs_draft:
+    if method.draft_use(method.resolve(params)) != "none":
         pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
     else:  # target-only methods: do not spend time loading a draft
         target_only = load_model(args.target, args.device, dtype=args.dtype)
@@ -288,8 +294,10 @@ def cmd_generate(args) -> int:
     if final != printed[0]:  # the stream could not be shown incrementally (e.g. beam)
         sys.stdout.write(final[len(printed[0]) :] if final.startswith(printed[0]) else "\n" + final)
     acc = f" · acceptance {st['acceptance_rate']:.2f}" if st["acceptance_rate"] is not None else ""
+    predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
+                 f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")
     print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"
-          f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}"
+          f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}{predicted}"
           f" · stopped: {st['stopped']}")
     models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
     print(f"[models] {models}", file=sys.stderr)

@@ -83,20 +83,6 @@ class ModelRunner:
         self.tentative += n_extra
         return logits[0]
 
-    def prefill(self, tokens: list[int]) -> None:
-        """Cache every committed token but the last in one forward (its logits are not needed), so that
-        the next `feed` scores only the last token and the proposal."""
-        pending = tokens[self.committed : -1]
-        if not pending or self.tentative:
-            return
-        device = self.model.device
-        inputs = torch.tensor(pending, dtype=torch.long, device=device)[None]
-        t0 = time.perf_counter()
-        self.model.forward(self.cache, inputs, logits_to_keep=1)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        self.committed += len(pending)
-
     def feed_paths(self, tokens: list[int], extra: torch.Tensor, tree: TokenTree) -> torch.Tensor:
         """Score a tree without tree attention (seed 004 §3.11): the cache is copied once per root-to-leaf
         path and each batch row feeds the uncached committed tokens and its path. Same rows as

@@ -1,5 +1,7 @@
 """Copying drafters (lookup, suffix, hybrid), fixed nodes in verification, and the draft-length controller."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -196,7 +198,7 @@ def _option(key, length, runner=None):
 
 def test_controller_does_not_draft_when_no_length_pays():
     steep = DraftLength(ForwardCost((1.0, 2.0, 3.0, 4.0)), None, max_gamma=3)
-    plan = steep.plan([_option("lookup:1", 3)])
+    plan = steep.plan([_option("lookup:1", 3)], 100)
     assert plan.option is None and plan.length == 0 and plan.tokens == 1.0
 
 
@@ -204,18 +206,22 @@ def test_controller_drafts_long_when_acceptance_is_high_and_the_forward_flat():
     flat = DraftLength(ForwardCost((1.0, 1.05, 1.1, 1.15, 1.2)), None, max_gamma=4)
     for _ in range(50):
         flat.observe("lookup:3", 4, 4)
-    plan = flat.plan([_option("lookup:3", 4)])
+    plan = flat.plan([_option("lookup:3", 4)], 100)
     assert plan.length == 4 and plan.tokens > 4.5
 
 
 def test_controller_prefers_the_option_with_the_better_record_and_counts_draft_forwards():
-    c = DraftLength(ForwardCost((1.0, 1.1, 1.2)), ForwardCost((0.5,)), max_gamma=2)
+    c = DraftLength(ForwardCost((1.0, 1.1, 1.2)), ForwardCost((0.05,)), max_gamma=2)
     for _ in range(30):
         c.observe("model", 2, 2)
         c.observe("lookup:1", 2, 0)
-    plan = c.plan([_option("lookup:1", 2), _option("model", 2, runner=object())])
+    draft = SimpleNamespace(committed=99)  # one token behind: the usual state after a verification
+    plan = c.plan([_option("lookup:1", 2), _option("model", 2, runner=draft)], 100)
     assert plan.option.key == "model"
-    assert plan.seconds == pytest.approx(1.2 + 2 * 0.5)
+    assert plan.seconds == pytest.approx(1.2 + 2 * 0.05)
+    # a draft that missed 3 tokens feeds them first: its first forward covers 3 tokens
+    draft.committed = 97
+    assert c.plan([_option("model", 2, runner=draft)], 100).seconds == pytest.approx(1.2 + 0.05 * 3 + 0.05)
 
 
 def test_controller_rates_are_per_position_given_the_earlier_ones_passed():
@@ -227,8 +233,19 @@ def test_controller_rates_are_per_position_given_the_earlier_ones_passed():
 def test_forward_cost_is_measured_once_and_never_decreases(tiny_llama_model):
     cost = forward_cost(tiny_llama_model)
     assert forward_cost(tiny_llama_model) is cost
-    assert all(b >= a for a, b in zip(cost.seconds, cost.seconds[1:], strict=False))
-    assert cost(len(cost.seconds) + 3) >= cost.seconds[-1]
+    for row in cost.seconds:
+        assert all(b >= a for a, b in zip(row, row[1:], strict=False))
+        assert cost(len(row) + 3) >= row[-1]
+
+
+def test_forward_cost_interpolates_between_contexts_and_extends_past_the_measured_lengths():
+    cost = ForwardCost(((1.0, 2.0), (3.0, 5.0)), (100, 300))
+    assert cost(1, 100) == 1.0 and cost(2, 300) == 5.0
+    assert cost(2, 200) == pytest.approx(3.5)
+    assert cost(2, 500) == pytest.approx(8.0)  # along the last segment
+    assert cost(1, 10) == 1.0  # never below the shortest context's cost
+    assert cost(4, 100) == pytest.approx(4.0)  # one more second per token, as from 1 to 2
+    assert cost(0, 100) == 0.0
 
 
 @pytest.fixture(scope="module")

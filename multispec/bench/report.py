@@ -17,7 +17,8 @@ import numpy as np
 from . import metrics
 
 SPREAD_KEYS = ("tokens_per_second", "speedup", "block_efficiency", "acceptance_rate", "target_calls",
-               "draft_calls", "new_tokens", "seconds")
+               "draft_calls", "new_tokens", "seconds", "predicted_tokens_per_second", "decode_tokens_per_second",
+               "measured_over_predicted")
 
 
 def summarise(rows: list[dict], baseline: str, order: list[str] | None = None) -> dict:
@@ -30,6 +31,8 @@ def summarise(rows: list[dict], baseline: str, order: list[str] | None = None) -
             b = base.get(r["prompt_id"])
             ok = not r.get("error") and b is not None and r["tokens_per_second"] and b["tokens_per_second"]
             r["speedup"] = r["tokens_per_second"] / b["tokens_per_second"] if ok else None
+            predicted, decode = r.get("predicted_tokens_per_second"), r.get("decode_tokens_per_second")
+            r["measured_over_predicted"] = decode / predicted if predicted and decode else None
         labels = _ordered({r["method"] for r in at_t}, order, baseline)
         cats = list(dict.fromkeys(r["category"] for r in at_t))
         out[str(t)] = {
@@ -138,12 +141,21 @@ def markdown(summary: dict, plots: list[str]) -> str:
         lines += [f"| {name} | " + " | ".join(f(s, m) for _, f in COLUMNS) + " |" for name, s in meths.items()]
         cats = list(data["categories"])
         size = {c: max(s["prompts"] + s["errors"] for s in data["categories"][c].values()) for c in cats}
-        lines += ["", f"Speed-up against `{base}` by category (median over prompts; n = prompts):", "",
+        lines += ["", f"Speed-up against `{base}` by category (median (first quartile – third quartile) over "
+                  "prompts; n = prompts):", "",
                   "| method | " + " | ".join(f"{c} (n={size[c]})" for c in cats) + f" | all (n={max(s['prompts'] + s['errors'] for s in meths.values())}) |",
                   "|---|" + "---|" * (len(cats) + 1)]
         for name in [n for n in meths if n != base]:
-            cells = [_num((data["categories"][c][name]["speedup"] or {}).get("median")) for c in cats]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_num((meths[name]['speedup'] or {}).get('median'))} |")
+            cells = [_cell(data["categories"][c][name]["speedup"]) for c in cats]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell(meths[name]['speedup'])} |")
+        predicted = [n for n, s in meths.items() if s["predicted_tokens_per_second"]]
+        if predicted:
+            lines += ["", "Draft-length controller (`gamma=auto`): its predicted decoding speed against the measured "
+                      "one (prefill excluded from both):", "",
+                      "| method | predicted tokens/s | measured tokens/s | measured / predicted |", "|---|---|---|---|"]
+            lines += [f"| {n} | {_cell(meths[n]['predicted_tokens_per_second'], 1)} | "
+                      f"{_cell(meths[n]['decode_tokens_per_second'], 1)} | {_cell(meths[n]['measured_over_predicted'])} |"
+                      for n in predicted]
         lines += ["", *_verdicts(data, base), ""]
         errors = {n: s["first_error"] for n, s in meths.items() if s["errors"]}
         if errors:

@@ -3,8 +3,9 @@ results.jsonl as soon as it is done (an interrupted run loses at most the genera
 `resume=True` continues it).
 
 Methods come from the registry `multispec.decoding.METHODS` (so methods added later are benchmarkable
-as they are) plus two baselines from outside the project: `hf` (transformers' `generate`) and
-`hf-assisted` (`generate` with `assistant_model` = the draft).
+as they are) plus three baselines from outside the project: `hf` (transformers' `generate`), `hf-assisted`
+(`generate` with `assistant_model` = the draft) and `hf-lookup` (`generate` with prompt lookup). They run
+on the models as transformers ships them: this project's CPU linear layers are switched off for them.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ from .prompts import Prompt
 BASELINES = {
     "hf": "transformers generate() on the target alone",
     "hf-assisted": "transformers generate() with assistant_model = the draft (its assisted decoding)",
+    "hf-lookup": "transformers generate() with prompt_lookup_num_tokens=10 (its prompt lookup decoding)",
 }
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value
 RESULTS = "results.jsonl"
 # what a measured row holds beyond its key; a failed row holds them as None (one schema for every row)
 MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft_calls", "block_efficiency",
             "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
-            "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens")
+            "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens", "predicted_tokens_per_second",
+            "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance")
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ def parse_method_spec(text: str) -> MethodSpec:
         known = ", ".join([*sorted(METHODS), *BASELINES])
         raise ValueError(f"unknown method {name!r}; known methods: {known}")
     method = METHODS[name]
-    return MethodSpec(label, name, method.resolve(given), method.needs_draft)
+    params = method.resolve(given)
+    return MethodSpec(label, name, params, method.draft_use(params) == "required")
 
 
 def default_methods(with_draft: bool = True) -> list[str]:
@@ -75,7 +80,9 @@ def default_methods(with_draft: bool = True) -> list[str]:
 
 
 def _needs_draft(name: str) -> bool:
-    return name == "hf-assisted" if name in BASELINES else METHODS[name].needs_draft
+    if name in BASELINES:
+        return name == "hf-assisted"
+    return METHODS[name].draft_use(METHODS[name].resolve({})) == "required"
 
 
 def plan(methods: list[str | MethodSpec], baseline: str = "ar") -> tuple[list[MethodSpec], str]:
@@ -272,22 +279,27 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
         row.update(rouge_l=metrics.rouge_l(text, reference), bleu=metrics.bleu(text, reference),
                    exact_match=metrics.exact_match(text, reference))
     row.update(text=text, token_ids=tokens, prompt_tokens=len(ids))
+    for key in ("predicted_tokens_per_second", "decode_tokens_per_second", "drafter_iterations",
+                "accepted_length_histogram", "position_acceptance"):
+        row[key] = stats.get(key)
     return row
 
 
 def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed) -> tuple[list[int], dict]:
     if spec.name in BASELINES:
-        return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed)
-    r = generate(target, draft if spec.needs_draft else None, ids, method=spec.name, max_new_tokens=max_new_tokens,
+        return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed,
+                           lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0)
+    r = generate(target, draft, ids, method=spec.name, max_new_tokens=max_new_tokens,
                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
                  **spec.params)
     return r.token_ids, r.stats
 
 
-def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int):
-    """transformers' own generate() on the target's underlying model (with the draft as assistant_model when
-    given), timed like `multispec.generate` (prefill included). Forward calls are counted with hooks."""
-    from ..models.hf import HFModel
+def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int, lookup: int = 0):
+    """transformers' own generate() on the target's underlying model as transformers ships it (with the draft
+    as assistant_model when given, with prompt lookup of `lookup` tokens when > 0), timed like
+    `multispec.generate` (prefill included). Forward calls are counted with hooks."""
+    from ..models.hf import HFModel, stock_linears
 
     if not isinstance(target, HFModel) or (draft is not None and not isinstance(draft, HFModel)):
         raise ValueError("the hf baselines need Hugging Face models (HFModel)")
@@ -299,13 +311,15 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
                   "top_p": sampling.top_p}
     if draft is not None:
         kwargs["assistant_model"] = draft.model
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = lookup
     calls = {"target": 0, "draft": 0}
     hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
              for k, m in (("target", target), ("draft", draft)) if m is not None]
     torch.manual_seed(seed)
     try:
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), stock_linears(target.model, draft.model if draft is not None else None):
             out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
                                         pad_token_id=target.eos_token_id if target.eos_token_id is not None else 0,
                                         **kwargs)

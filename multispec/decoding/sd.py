@@ -50,33 +50,36 @@ def _step(s: Session, proposer: Proposer, proposal, bonus: bool, verify):
 
 def _decode_auto(s: Session, proposer: Proposer, bonus: bool, verify) -> None:
     """`gamma=auto`: each iteration the controller picks the option and length (module note of
-    `multispec.adaptive`). The prompt is prefilled first so that the iterations, and the speed predicted
-    for them, are the decoding alone."""
+    `multispec.adaptive`). The predicted and the measured decoding speed leave out the first iteration,
+    which holds the prefill."""
     controller = DraftLength(forward_cost(s.target_model),
                              forward_cost(s.draft_model) if s.draft_model is not None else None)
-    for runner in (s.target, s.draft):
-        if runner is not None:
-            runner.prefill(s.tokens)
     predicted_tokens = predicted_seconds = 0.0
     used: dict[str, int] = {}
-    start, tokens_before = time.perf_counter(), len(s.tokens)
+    start = tokens_before = None
     while not s.done:
         room = s.draft_depth(controller.max_gamma, bonus)
-        plan = controller.plan(proposer.options(s, room) if room > 0 else [])
+        plan = controller.plan(proposer.options(s, room) if room > 0 else [], len(s.tokens),
+                               len(s.tokens) - s.target.committed)
         proposal = fixed_proposal(s, None) if plan.option is None else plan.option.make(plan.length)
         verdict = _step(s, proposer, proposal, bonus, verify)
-        drafted = proposal.tokens.shape[0]
-        key = plan.option.key if plan.option is not None else "none"
-        used[key.split(":")[0]] = used.get(key.split(":")[0], 0) + 1
+        kind = plan.option.key.split(":")[0] if plan.option is not None else "none"
+        used[kind] = used.get(kind, 0) + 1
         if plan.option is not None:
-            controller.observe(plan.option.key, drafted, len(verdict.accepted))
-        predicted_tokens += plan.tokens
-        predicted_seconds += plan.seconds
+            controller.observe(plan.option.key, proposal.tokens.shape[0], len(verdict.accepted))
+        if start is None:
+            start, tokens_before = time.perf_counter(), len(s.tokens)
+        else:
+            predicted_tokens += plan.tokens
+            predicted_seconds += plan.seconds
     seconds = time.perf_counter() - start
+    decoded = len(s.tokens) - tokens_before
     s.info.update({
-        "predicted_tokens_per_second": predicted_tokens / predicted_seconds if predicted_seconds else None,
-        "decode_tokens_per_second": (len(s.tokens) - tokens_before) / seconds if seconds > 0 else None,
         "drafter_iterations": used,
+        "predicted_tokens_per_second": predicted_tokens / predicted_seconds if predicted_seconds else None,
+        "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
+        "predicted_tokens": predicted_tokens, "decode_tokens": decoded,
+        "predicted_seconds": predicted_seconds, "decode_seconds": seconds,
     })
 
 

@@ -17,6 +17,7 @@ session 12).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -192,3 +193,17 @@ def use_few_rows_linears(model: torch.nn.Module) -> int:
             module.__class__ = FewRowsLinear
             n += 1
     return n
+
+
+@contextlib.contextmanager
+def stock_linears(*models: torch.nn.Module):
+    """Inside the block the models' `FewRowsLinear` modules are plain `nn.Linear` again: transformers'
+    model as it ships (the `hf` baselines of the bench)."""
+    switched = [m for model in models if model is not None for m in model.modules() if type(m) is FewRowsLinear]
+    for m in switched:
+        m.__class__ = torch.nn.Linear
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.__class__ = FewRowsLinear
