@@ -189,7 +189,7 @@ class Session:
         self.max_new_tokens = max_new_tokens
         self.generator = generator
         self.on_tokens = on_tokens
-        self.eos = target.eos_token_id
+        self.stop_tokens = target.stop_tokens
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
         self.counters = {"iterations": 0, "drafted": 0, "nodes": 0, "accepted": 0, "rejections": 0}
         # accepted_lengths[n]: iterations that accepted n drafts; position_tries[i] / position_accepts[i]:
@@ -256,8 +256,9 @@ class Session:
     def append(self, tokens: list[int]) -> None:
         """Append tokens to the output, cutting at EOS and at the budget."""
         tokens = list(tokens)[: self.budget()]
-        if self.eos is not None and self.eos in tokens:
-            tokens = tokens[: tokens.index(self.eos) + 1]
+        end = next((i for i, t in enumerate(tokens) if t in self.stop_tokens), None)
+        if end is not None:
+            tokens = tokens[: end + 1]
             self.stopped = "eos"
         self.tokens.extend(tokens)
         if self.stopped is None and self.budget() <= 0:

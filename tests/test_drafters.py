@@ -4,6 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from multispec import generate
 from multispec.adaptive import _COSTS, DraftLength, ForwardCost, cost_key, forward_cost
@@ -44,6 +46,21 @@ def test_index_updated_token_by_token_equals_one_built_at_once():
         step.update(tokens[:i])
     whole.update(tokens)
     assert step.tables == whole.tables
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 2), st.integers(0, 3))
+def test_index_match_agrees_with_a_brute_force_search(tokens, min_n, extra):
+    max_n = min_n + extra
+    n, positions = NgramIndex(min_n, max_n).match(tokens)
+    for m in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[-m:]
+        found = [p for p in range(m, len(tokens)) if tokens[p - m : p] == suffix]
+        if found:
+            assert (n, positions) == (m, found)
+            break
+    else:
+        assert (n, positions) == (0, [])
 
 
 def test_lookup_copies_what_followed_the_latest_occurrence():
