@@ -304,3 +304,21 @@ def test_bad_drafter_parameters_are_refused_before_any_model_runs():
     with pytest.raises(ValueError, match="integer or 'auto'"):
         get_method("sd").resolve({"gamma": "sometimes"})
     assert get_method("sd").resolve({"gamma": "AUTO"})["gamma"] == "auto"
+
+
+@pytest.mark.slow
+def test_every_drafter_gives_greedy_ar_on_real_text(default_pair):
+    # a summary copies from its article: the copying drafters find matches and have drafts rejected too
+    target, draft = default_pair.target, default_pair.draft
+    prompt = ("Summarise in two sentences: The city council met on Tuesday to discuss the new budget. The council "
+              "approved funding for three new parks and a library renovation. Council members debated the cost "
+              "of the library renovation for two hours before approving it.")
+    ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=40).token_ids
+    runs = [("sd", {"gamma": 4, "drafter": d}) for d in ("lookup", "suffix", "hybrid")]
+    runs += [("sd", {"gamma": "auto", "drafter": "hybrid"}), ("mcsd", {"k_config": "2x2x1", "drafter": "hybrid"}),
+             ("batch-sd", {"drafts": 3, "gamma": 3, "drafter": "suffix"}),
+             ("specinfer", {"k_config": "1x2x1", "drafter": "lookup"})]
+    for method, params in runs:
+        r = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=40, **params)
+        assert r.token_ids == ar, (method, params)
+        assert r.stats["accepted"] > 0 and r.stats["rejections"] > 0, (method, params)
