@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multispec import generate
-from multispec.adaptive import _COSTS, DraftLength, ForwardCost, cost_key, forward_cost
+from multispec.adaptive import _COSTS, EXPLORE, DraftLength, ForwardCost, cost_key, forward_cost
 from multispec.check import check_method
 from multispec.drafters import Lookup, NgramIndex, Suffix, fixed_proposal
 from multispec.models.markov import random_markov_pair
@@ -213,10 +213,31 @@ def _option(key, length, runner=None):
     return Option(key, length, runner, lambda g: None)
 
 
+def _explored(controller, *keys):
+    for key in keys:
+        for _ in range(EXPLORE):
+            controller.observe(key, 1, 0)
+    return controller
+
+
 def test_controller_does_not_draft_when_no_length_pays():
     steep = DraftLength(ForwardCost((1.0, 2.0, 3.0, 4.0)), None, max_gamma=3)
-    plan = steep.plan([_option("lookup:1", 3)], 100)
+    assert steep.plan([_option("lookup:1", 3)], 100).length == 1  # first it tries the option
+    plan = _explored(steep, "lookup:1").plan([_option("lookup:1", 3)], 100)
     assert plan.option is None and plan.length == 0 and plan.tokens == 1.0
+
+
+def test_controller_tries_every_option_before_trusting_the_records():
+    c = DraftLength(ForwardCost((1.0, 1.1, 1.2)), ForwardCost((0.3,)), max_gamma=2)
+    draft = SimpleNamespace(committed=99)
+    options = [_option("lookup:1", 2), _option("model", 2, runner=draft)]
+    for _ in range(EXPLORE):
+        assert c.plan(options, 100).option.key == "lookup:1"
+        c.observe("lookup:1", 1, 0)
+    for _ in range(EXPLORE):  # then the model, which costs draft forwards, gets its tries too
+        assert c.plan(options, 100).option.key == "model"
+        c.observe("model", 1, 1)
+    assert c.plan(options, 100).option.key == "model"  # and wins on its record
 
 
 def test_controller_drafts_long_when_acceptance_is_high_and_the_forward_flat():
@@ -232,6 +253,7 @@ def test_controller_prefers_the_option_with_the_better_record_and_counts_draft_f
     for _ in range(30):
         c.observe("model", 2, 2)
         c.observe("lookup:1", 2, 0)
+    c.observe("lookup:1", 1, 0)
     draft = SimpleNamespace(committed=99)  # one token behind: the usual state after a verification
     plan = c.plan([_option("lookup:1", 2), _option("model", 2, runner=draft)], 100)
     assert plan.option.key == "model"
