@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import multispec
-from multispec.models import hf
+from multispec.models import kernels as hf
 
 SETTINGS = {"old": ({1: 2}, 6), "new": ({1: 2, 3: 4, 7: 8}, 11)}
 

@@ -1,22 +1,26 @@
-"""multispec: speculative decoding beyond single-token sampling, on one engine."""
+"""multispec: speculative decoding beyond single-token sampling, on one engine.
 
-from .api import ModelPair, Result, generate, load_model, load_pair
-from .decoding import METHODS
-from .models.base import LanguageModel
-from .models.hf import HFModel
-from .models.markov import MarkovLM
-from .warp import Sampling
+The public names are imported on first use, so that `multispec --help` answers without loading torch.
+"""
 
-__all__ = [
-    "METHODS",
-    "HFModel",
-    "LanguageModel",
-    "MarkovLM",
-    "ModelPair",
-    "Result",
-    "Sampling",
-    "generate",
-    "load_model",
-    "load_pair",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ModelPair": "api", "Result": "api", "generate": "api", "load_model": "api", "load_pair": "api",
+    "METHODS": "decoding", "LanguageModel": "models.base", "HFModel": "models.hf", "MarkovLM": "models.markov",
+    "Sampling": "warp",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'multispec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

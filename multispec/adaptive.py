@@ -32,6 +32,7 @@ COST_CONTEXTS = (128, 1024)  # cached tokens while measuring: attention makes lo
 # the acceptance prior: a Beta(PRIOR_ACCEPT, PRIOR_REJECT) per position (mean 1/3), so that a drafter is tried
 # before its record speaks, without the optimism that picking the best-looking option adds
 PRIOR_ACCEPT, PRIOR_REJECT = 1.0, 2.0
+EXPLORE = 3  # one-draft tries an option gets before the controller trusts its record
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,9 @@ class DraftLength:
     def plan(self, options: list[Option], tokens: int, target_pending: int = 1) -> Plan:
         """The best option and length for a sequence of `tokens` tokens whose last `target_pending` the
         target has not cached yet. A draft model that lags (a copy drafted the last iterations) first feeds
-        what it missed: its first forward covers those tokens."""
+        what it missed: its first forward covers those tokens. An available option whose first position has
+        been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
+        costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
         best = Plan(None, 0, 1.0, self.target_cost(target_pending, tokens))
         for option in options:
             a = self.rates(option.key)
@@ -192,6 +195,8 @@ class DraftLength:
                 seconds = self.target_cost(target_pending + g, tokens)
                 if catch_up:
                     seconds += self.draft_cost(catch_up, tokens) + (g - 1) * self.draft_cost(1, tokens)
+                if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
+                    return Plan(option, 1, expected, seconds)
                 if expected / seconds > best.tokens / best.seconds:
                     best = Plan(option, g, expected, seconds)
         return best

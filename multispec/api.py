@@ -17,8 +17,6 @@ from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel
 from .warp import Sampling
 
-DEFAULT_DRAFT = DRAFT_NAME
-
 
 @dataclass
 class ModelPair:
@@ -39,29 +37,68 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME,
-               dtype: str | torch.dtype | None = None) -> LanguageModel:
+               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
-    hub id or path. `dtype` (float32, bfloat16, float16) overrides the stored weights' type."""
+    hub id or path. `dtype` (float32, bfloat16, float16) overrides the stored weights' type; `device_map`
+    (e.g. "auto", through accelerate) spreads a hub model too large for one device over several."""
     name = name or default
     dtype = parse_dtype(dtype)
-    if name in DEFAULT_NAMES:
-        return load_default(name, device=device, dtype=dtype)
+    check_device(device)
+    if device is not None and device_map is not None:
+        raise ValueError("give a device or a device_map, not both")
+    quiet_transformers()
     if name.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(name)):
         raise ValueError(f"model path {name!r} does not exist")
-    return HFModel.from_pretrained(name, device=device, dtype=dtype or "auto")
+    try:
+        if name in DEFAULT_NAMES:
+            if device_map is not None:
+                raise ValueError("device_map is for hub models; the embedded pair fits one device")
+            return load_default(name, device=device, dtype=dtype)
+        extra = {"device_map": device_map} if device_map is not None else {}
+        return HFModel.from_pretrained(name, device=device, dtype=dtype or "auto", **extra)
+    except (OSError, ValueError):
+        raise
+    except Exception as e:  # a corrupt weights file surfaces as a library-specific error
+        first = " ".join(str(e).split())[:300]
+        raise ValueError(f"could not load model {name!r}: {type(e).__name__}: {first}") from e
+
+
+def check_device(device: str | None) -> None:
+    """A clear error for a device this machine does not have, before any model is read."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this machine has no CUDA device (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+
+
+def quiet_transformers() -> None:
+    """No weight-loading bars or warnings from transformers: they would drown the generated text."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None) -> ModelPair:
+              dtype: str | torch.dtype | None = None, device_map: str | dict | None = None) -> ModelPair:
     """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` for both.
 
     With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
     """
-    target_model = load_model(target, device, dtype=dtype)
+    target_model = load_model(target, device, dtype=dtype, device_map=device_map)
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
     else:
-        draft_model = load_model(draft, device, default=DEFAULT_DRAFT, dtype=dtype)
+        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     loaded_as = f" - loaded as {parse_dtype(dtype)}".replace("torch.", "") if dtype is not None else ""
@@ -108,7 +145,7 @@ def generate(
 ) -> Result:
     """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
     tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output."""
-    spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params)
+    spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)
     use = spec.draft_use(params)
     if use == "required" and draft is None:
         raise ValueError(f"method {method!r} needs a draft model; none was given (or use drafter=lookup, "
@@ -136,8 +173,10 @@ def generate(
     return Result(session.new_tokens, target.decode(session.new_tokens), _stats(session, seconds), prompt_ids)
 
 
-def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict):
+def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None):
     """Everything about a request that can be checked without a model: (method, parameters, sampling)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     spec = get_method(method)
     params = spec.resolve(method_params)
     sampling = Sampling(temperature, top_k, top_p)

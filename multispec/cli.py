@@ -1,5 +1,5 @@
 """Command line: a thin layer over the library. Errors in what the user gave exit with status 2 and a
-one-line message."""
+one-line message. Nothing heavy is imported before the arguments are parsed, so --help is quick."""
 
 from __future__ import annotations
 
@@ -7,50 +7,33 @@ import argparse
 import json
 import sys
 
-from .decoding import METHODS
+from .params import parse_method, parse_params
 
+DESCRIPTION = ("Speculative decoding beyond single-token sampling: generate with any method, check a method's "
+               "exactness, benchmark methods, reproduce the theory, train a draft.")
 # what `multispec generate` runs with no method flags
 DEFAULT_METHOD = "sd:gamma=auto,drafter=hybrid"
-
-
-class UsageError(Exception):
-    pass
-
-
-def parse_params(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for item in pairs or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param takes KEY=VALUE, got {item!r}")
-        out[key.strip().replace("-", "_")] = value.strip()
-    return out
-
-
-def parse_method(text: str) -> tuple[str, dict[str, str]]:
-    """'sd:gamma=4,other=1' -> ('sd', {'gamma': '4', 'other': '1'})."""
-    name, _, rest = text.partition(":")
-    return name, parse_params([p for p in rest.split(",") if p]) if rest else {}
+DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--temperature", type=float, default=temperature, help="0 means greedy (default %(default)s)")
+    p.add_argument("--temperature", type=float, default=temperature, help="0 means greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1: off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="same seed, same output (an integer in [0, 2**63))")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multispec", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="multispec", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate text with one method")
+    g = sub.add_parser("generate", help="generate text with one method", formatter_class=DEFAULTS)
     g.add_argument("prompt")
     g.add_argument("--method", default=DEFAULT_METHOD,
-                   help=f"one of {', '.join(sorted(METHODS))}; parameters may follow a colon: sd:gamma=6 "
-                   f"(default {DEFAULT_METHOD}: speculative sampling that copies from the prompt where it can, "
-                   "drafts with the draft model elsewhere, and picks each draft length, zero included, from the "
-                   "target's measured cost and the acceptance so far)")
+                   help="a method (`multispec methods` lists them), parameters after a colon: sd:gamma=6. The "
+                   "default is speculative sampling that copies from the prompt where it can, drafts with the "
+                   "draft model elsewhere, and picks each draft length, zero included, from the target's "
+                   "measured cost and the acceptance so far")
     g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
     g.add_argument("--max-new-tokens", type=int, default=128)
@@ -61,14 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="any method parameter")
     g.add_argument("--no-chat", action="store_true", help="feed the prompt raw, without the chat template")
     g.add_argument("--device", default=None, help="torch device for both models (e.g. cuda)")
+    g.add_argument("--device-map", default=None, help="spread a hub target over devices (e.g. auto, via accelerate)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights' type for both models (default: as stored; float32 for the embedded pair)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
-    c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs")
+    c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs",
+                       formatter_class=DEFAULTS)
     c.add_argument("--method", default="sd", help="method name, parameters after a colon: sd:gamma=3")
-    c.add_argument("--runs", type=int, default=20000, help="generations per pair (default %(default)s)")
-    c.add_argument("--pairs", type=int, default=3, help="random model pairs (default %(default)s)")
+    c.add_argument("--runs", type=int, default=20000, help="generations per pair")
+    c.add_argument("--pairs", type=int, default=3, help="random model pairs")
     c.add_argument("--vocab", type=int, default=4)
     c.add_argument("--tokens", type=int, default=3, help="tokens generated per run")
     c.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance level")
@@ -77,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     _sampling_args(c, 1.0)
     c.add_argument("--json", action="store_true")
-    th = sub.add_parser("theory", help="seed 002's theory: the three figures as PNG, exact vs simulated numbers")
+    th = sub.add_parser("theory", help="seed 002's theory: the three figures as PNG, exact vs simulated numbers",
+                        formatter_class=DEFAULTS)
     th.add_argument("--out", default="theory-out", help="folder for the PNG files and theory.json")
     th.add_argument("--runs", type=int, default=1000, help="simulated generations per decoder")
     th.add_argument("--vocab", type=int, default=7)
@@ -87,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--bridge-prompts", type=int, default=0,
                     help="also predict sd's acceptance and block efficiency on a real pair for this many "
                          "MT-Bench prompts, and measure it")
-    th.add_argument("--prompts-file", default=None, help="prompts for the bridge (default ../shared/data/mt_bench.jsonl)")
+    th.add_argument("--prompts-file", default=None, help="prompts for the bridge: a shipped set or a file (default mt-bench)")
     th.add_argument("--target", default=None)
     th.add_argument("--draft", default=None)
     th.add_argument("--gamma", type=int, default=4)
@@ -98,10 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_distill(sub)
     b = sub.add_parser("bench", help="benchmark methods on prompt sets: tokens/s, speed-up, quality, energy; "
-                       "writes results.jsonl, summary.json, report.md and plots")
+                       "writes results.jsonl, summary.json, report.md and plots", formatter_class=DEFAULTS)
     b.add_argument("--prompts", action="append", default=None, metavar="FILE",
-                   help="Spec-Bench JSONL, JSON list of strings, or JSONL with 'prompt' (repeatable; "
-                        "default ../shared/data/mt_bench.jsonl)")
+                   help="a shipped prompt set (mt-bench, spec-bench-dev, wmt-ende) or a file: Spec-Bench JSONL, "
+                        "JSON list of strings, or JSONL with 'prompt' (repeatable; default mt-bench)")
     b.add_argument("--categories", action="append", default=None, metavar="A,B", help="only these categories")
     b.add_argument("--limit", type=int, default=None, help="at most N prompts from each file (after --categories)")
     b.add_argument("--spread", action="store_true",
@@ -121,13 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights' type for both models (default: as stored; float32 for the embedded pair)")
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
-    b.add_argument("--out", default="bench-out", help="output folder (default %(default)s)")
+    b.add_argument("--out", default="bench-out", help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
     b.add_argument("--force", action="store_true", help="discard an earlier results.jsonl in --out")
     b.add_argument("--no-warmup", action="store_true")
     b.add_argument("--preset", default=None, help="smoke: 5 prompts, ar / sd:gamma=4 / hf / hf-assisted, "
                    "32 tokens, greedy (a couple of minutes on a CPU)")
+    m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def cmd_methods(args) -> int:
+    from .decoding import METHODS
+
+    if args.json:
+        print(json.dumps({name: {"exact": m.exact, "summary": m.summary, "draft": m.draft_use(m.resolve({})),
+                                 "params": {k: {"default": p.default, "values": p.rule, "help": p.help}
+                                            for k, p in m.params.items()}}
+                          for name, m in METHODS.items()}))
+        return 0
+    for name, m in METHODS.items():
+        draft = {"required": "needs a draft model", "none": "no draft model"}.get(m.draft_use(m.resolve({})), "")
+        print(f"{name}: {m.summary}\n  exact: {m.exact}" + (f"; {draft} at its defaults" if m.needs_draft else
+                                                              "; no draft model"))
+        for key, p in m.params.items():
+            print(f"  {key} = {p.default!r}  ({p.rule}){': ' + p.help if p.help else ''}")
+    print("\nParameters go after a colon (sd:gamma=2,drafter=lookup) or in --param KEY=VALUE.")
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -139,7 +146,7 @@ def cmd_bench(args) -> int:
     categories = [c.strip() for item in args.categories or [] for c in item.split(",") if c.strip()] or None
     # everything that needs no model is checked before the models load
     if args.prompts or not args.preset:
-        prompts = bench.load_prompts(args.prompts or [bench.default_prompt_file()], categories, args.limit,
+        prompts = bench.load_prompts(args.prompts or ["mt-bench"], categories, args.limit,
                                      args.spread)
     else:
         prompts = bench.select_prompts([bench.preset_prompts(args.preset)], categories, args.limit, args.spread)
@@ -223,20 +230,12 @@ def cmd_theory(args) -> int:
 
 
 def _bridge(args, say) -> dict:
-    from pathlib import Path
-
     from .api import load_pair
+    from .bench.prompts import load_prompt_file
     from .theory.bridge import predict_and_measure, summarise
     from .warp import Sampling
 
-    path = Path(args.prompts_file) if args.prompts_file else Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench.jsonl"
-    if not path.exists():
-        raise ValueError(f"prompt file {path} does not exist (give one with --prompts-file)")
-    prompts = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            prompts.append(row["turns"][0] if "turns" in row else row["prompt"])
+    prompts = [p.text for p in load_prompt_file(args.prompts_file or "mt-bench")]
     prompts = prompts[: args.bridge_prompts]
     pair = load_pair(args.target, args.draft)
     say(f"bridge: {len(prompts)} prompts on {' / '.join(pair.description)}")
@@ -260,13 +259,14 @@ def cmd_generate(args) -> int:
     if args.deterministic:
         params["deterministic"] = True
     # check what needs no model before spending seconds on loading one
-    method, _, _ = validate_request(name, args.max_new_tokens, args.temperature, args.top_k, args.top_p, params)
+    method, _, _ = validate_request(name, args.max_new_tokens, args.temperature, args.top_k, args.top_p, params,
+                                    args.seed)
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     if method.draft_use(method.resolve(params)) != "none":
-        pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+        pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map)
     else:  # target-only methods: do not spend time loading a draft
-        target_only = load_model(args.target, args.device, dtype=args.dtype)
+        target_only = load_model(args.target, args.device, dtype=args.dtype, device_map=args.device_map)
         pair = ModelPair(target_only, None, {target_only.name: DEFAULT_NAMES.get(target_only.name, target_only.name)})
     target = pair.target
     shown: list[int] = []
@@ -306,12 +306,11 @@ def cmd_generate(args) -> int:
 
 def cmd_check(args) -> int:
     from .check import check_method
+    from .decoding import get_method
 
     name, params = parse_method(args.method)
     params.update(parse_params(args.param))
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
-    METHODS[name].resolve(params)  # reject bad parameters before the long run
+    get_method(name).resolve(params)  # reject bad parameters before the long run
     report = check_method(
         name, runs=args.runs, pairs=args.pairs, vocab=args.vocab, n_tokens=args.tokens, seed=args.seed,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, alpha=args.alpha, models=args.models,
@@ -332,13 +331,14 @@ def cmd_check(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # model loading bars would drown the generated text
-    hf_logging.set_verbosity_error()
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .api import quiet_transformers
+
+    quiet_transformers()  # model loading bars would drown the generated text
     try:
+        if args.command == "methods":
+            return cmd_methods(args)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "check":
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_distill(args)
         if args.command == "bench":
             return cmd_bench(args)
-    except (ValueError, UsageError) as e:
+    except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     except OSError as e:  # a model id or path that cannot be loaded

@@ -189,7 +189,7 @@ class Session:
         self.max_new_tokens = max_new_tokens
         self.generator = generator
         self.on_tokens = on_tokens
-        self.eos = target.eos_token_id
+        self.stop_tokens = target.stop_tokens
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
         self.counters = {"iterations": 0, "drafted": 0, "nodes": 0, "accepted": 0, "rejections": 0}
         # accepted_lengths[n]: iterations that accepted n drafts; position_tries[i] / position_accepts[i]:
@@ -226,11 +226,13 @@ class Session:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
 
-    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None) -> None:
+    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None,
+               draft_entries: list[int] | None = None) -> None:
         """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
         commit both runners to the accepted path. `drafted`: draft positions this iteration (for the
         acceptance rate); `nodes`: proposed nodes, when a tree holds more than `drafted`; `depth`: the
-        proposal's depth when it differs from `drafted` (several chains)."""
+        proposal's depth when it differs from `drafted` (several chains); `draft_entries`: the draft cache's
+        entry for each proposed node, when the draft fed a different tree (beam drafting)."""
         self.append(verdict.new_tokens)
         accepted = len(verdict.accepted)
         depth = drafted if depth is None else depth
@@ -250,14 +252,18 @@ class Session:
                 continue
             # accepted nodes a runner never scored (the draft's leaves; the target's last draft when no
             # bonus token is asked for) stay committed but uncached and are fed with the next step
-            cached = list(itertools.takewhile(lambda g, r=runner: g < r.tentative, verdict.accepted))
+            accepted = verdict.accepted
+            if runner is self.draft and draft_entries is not None:
+                accepted = [draft_entries[g] for g in accepted]
+            cached = list(itertools.takewhile(lambda g, r=runner: g < r.tentative, accepted))
             runner.commit(len(self.tokens), cached)
 
     def append(self, tokens: list[int]) -> None:
         """Append tokens to the output, cutting at EOS and at the budget."""
         tokens = list(tokens)[: self.budget()]
-        if self.eos is not None and self.eos in tokens:
-            tokens = tokens[: tokens.index(self.eos) + 1]
+        end = next((i for i, t in enumerate(tokens) if t in self.stop_tokens), None)
+        if end is not None:
+            tokens = tokens[: end + 1]
             self.stopped = "eos"
         self.tokens.extend(tokens)
         if self.stopped is None and self.budget() <= 0:

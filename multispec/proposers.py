@@ -25,6 +25,8 @@ class Proposal:
     draft_probs: torch.Tensor  # [R, V]: row 0 the root, row 1 + g node g, for every node with children
     live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
     fixed: torch.Tensor | None = None  # [N] bool: nodes proposed deterministically (one-hot draft); None: none
+    logq: torch.Tensor | None = None  # [N] a chain's cumulative joint draft log-probability (joint methods)
+    draft_entries: list[int] | None = None  # each node's entry in the draft cache's tree, when they differ
 
 
 @dataclass
@@ -166,3 +168,92 @@ def _pad(tokens: torch.Tensor, live: torch.Tensor, k: int):
         return tokens, live
     return (torch.cat([tokens, tokens[:, :1].expand(n, k - m)], 1),
             torch.cat([live, torch.zeros(n, k - m, dtype=torch.bool, device=live.device)], 1))
+
+
+class BeamDraft(Proposer):
+    """Beam drafting (seed 000 §2.3, seed 001 §2.3): W beams for g steps on the draft model, the best
+    beam by joint draft likelihood proposed as a chain.
+
+    The beams grow as a tree in one cache row: the beams of depth d are nodes whose parents are beams of
+    depth d - 1, and one draft forward per depth scores them with an ancestor-only mask (no copies of the
+    cache per beam). Every extension (beam b, token v) is scored by the joint log-likelihood
+    s_b + log q(v | beam b); sampling (MTAD) draws W extensions without replacement from the softmax of
+    those scores over all W x V pairs (Eq. 2 of seed 000), on the warped draft rows; `deterministic` (MJSD's
+    beam decoding) keeps the W best under the raw draft. A draw that runs out of support keeps fewer beams.
+
+    `propose` returns the chain with `logq` [g]: the cumulative joint log-probability of the chosen path,
+    under the warped draft (`raw=False`) or its plain softmax (`raw=True`), re-indexed with the beams (the
+    legacy code's un-re-indexed scores are a known bug); and `draft_entries`: each chain node's entry in
+    the draft's cache tree, so that commit keeps the right ones.
+    """
+
+    name = "beam"
+
+    def __init__(self, width: int, deterministic: bool = False, raw: bool = False):
+        self.width, self.deterministic, self.raw = width, deterministic, raw
+
+    def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
+        g = len(shape)
+        device = s.target_model.device
+        if g == 0:
+            return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
+                            torch.empty(0, s.target_model.vocab_size, device=device))
+        logits = s.draft.feed(s.tokens)[-1:]  # [1, V]: the root
+        parents: list[int] = []  # beam tree, breadth first
+        tokens: list[int] = []
+        score_of: list[float] = []  # beam score of each node (what ranks the beams)
+        logq_of: list[float] = []  # cumulative log q of each node's path (what verification reads)
+        beams = [-1]  # the nodes that are live beams (the root to start)
+        for depth in range(1, g + 1):
+            logq_rows = self._logq(s, logits)  # [B, V]
+            base = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
+            base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
+            ranking = self._ranking(s, logits)  # [B, V] per-token log-scores that rank the beams
+            joint = base[:, None].to(ranking.device) + ranking  # [B, V]
+            picks = self._pick(s, joint.reshape(-1))
+            start = len(tokens)
+            vocab = joint.shape[-1]
+            for flat in picks.tolist():
+                b, v = divmod(flat, vocab)
+                parents.append(beams[b])
+                tokens.append(v)
+                score_of.append(float(joint[b, v]))
+                logq_of.append(float(base_q[b] + logq_rows[b, v]))
+            beams = list(range(start, len(tokens)))
+            if depth < g:  # the deepest level is never fed to the draft model
+                tree = TokenTree.from_parents(parents)
+                new = torch.tensor(tokens[start:], dtype=torch.long)
+                logits = s.draft.feed(s.tokens, new, tree=tree, nodes=slice(start, len(tokens)))[-len(beams):]
+        best = max(beams, key=lambda n: score_of[n])
+        path = []
+        node = best
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        path.reverse()
+        chain = torch.tensor([tokens[n] for n in path], dtype=torch.long, device=device)
+        logq = torch.tensor([logq_of[n] for n in path], dtype=torch.float64, device=device)
+        return Proposal(TokenTree.chain(g), chain, torch.empty(0, s.target_model.vocab_size, device=device),
+                        logq=logq, draft_entries=path)
+
+    def _logq(self, s: Session, logits: torch.Tensor) -> torch.Tensor:
+        """log q of each token under the distribution the ratio uses: warped, or the plain softmax."""
+        if self.raw:
+            return torch.log_softmax(logits.double(), -1)
+        return torch.log(s.sampling.probs(logits).double())
+
+    def _ranking(self, s: Session, logits: torch.Tensor) -> torch.Tensor:
+        """Beam decoding ranks by the raw draft (seed 001 §2.3), beam sampling by the warped one (seed 000)."""
+        if self.deterministic or s.sampling.greedy:
+            return torch.log_softmax(logits.double(), -1)
+        return torch.log(s.sampling.probs(logits).double())
+
+    def _pick(self, s: Session, joint: torch.Tensor) -> torch.Tensor:
+        """W flat (beam, token) indices: the best (deterministic, or greedy sampling), or drawn without
+        replacement with weights softmax(joint); fewer when the support is smaller than W."""
+        finite = int(torch.isfinite(joint).sum())
+        k = min(self.width, finite)
+        if self.deterministic or s.sampling.greedy:
+            return torch.topk(joint, k).indices
+        weights = torch.softmax(joint, -1)
+        return torch.multinomial(weights.float(), k, replacement=False, generator=s.generator)

@@ -20,8 +20,8 @@ class Sampling:
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {t!r}")
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}")
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 turns it off), got {k!r}")
         if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
@@ -58,11 +58,3 @@ def _top_p(z: torch.Tensor, p: float) -> torch.Tensor:
     sorted_p = torch.softmax(sorted_z, dim=-1)
     remove = sorted_p.cumsum(-1) - sorted_p >= p  # the mass before this token already reaches p
     return z.masked_fill(remove.scatter(-1, order, remove), -math.inf)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = False) -> torch.Tensor:
-    """One token per row of `probs` (shape [..., V]) -> LongTensor of shape [...]."""
-    if greedy:
-        return probs.argmax(-1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -19,6 +19,8 @@ TARGET, DRAFT = random_markov_pair(4, 20, seed=0)
         ({"prompt": []}, "empty"),
         ({"prompt": "   "}, "empty"),
         ({"temperature": -1}, "temperature"),
+        ({"temperature": float("inf")}, "finite"),
+        ({"seed": 2**64}, "seed"),
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
         ({"top_k": -2}, "top_k"),

@@ -4,9 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from multispec import generate
-from multispec.adaptive import _COSTS, DraftLength, ForwardCost, cost_key, forward_cost
+from multispec.adaptive import _COSTS, EXPLORE, DraftLength, ForwardCost, cost_key, forward_cost
 from multispec.check import check_method
 from multispec.drafters import Lookup, NgramIndex, Suffix, fixed_proposal
 from multispec.models.markov import random_markov_pair
@@ -44,6 +46,21 @@ def test_index_updated_token_by_token_equals_one_built_at_once():
         step.update(tokens[:i])
     whole.update(tokens)
     assert step.tables == whole.tables
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 2), st.integers(0, 3))
+def test_index_match_agrees_with_a_brute_force_search(tokens, min_n, extra):
+    max_n = min_n + extra
+    n, positions = NgramIndex(min_n, max_n).match(tokens)
+    for m in range(min(max_n, len(tokens)), min_n - 1, -1):
+        suffix = tokens[-m:]
+        found = [p for p in range(m, len(tokens)) if tokens[p - m : p] == suffix]
+        if found:
+            assert (n, positions) == (m, found)
+            break
+    else:
+        assert (n, positions) == (0, [])
 
 
 def test_lookup_copies_what_followed_the_latest_occurrence():
@@ -196,10 +213,31 @@ def _option(key, length, runner=None):
     return Option(key, length, runner, lambda g: None)
 
 
+def _explored(controller, *keys):
+    for key in keys:
+        for _ in range(EXPLORE):
+            controller.observe(key, 1, 0)
+    return controller
+
+
 def test_controller_does_not_draft_when_no_length_pays():
     steep = DraftLength(ForwardCost((1.0, 2.0, 3.0, 4.0)), None, max_gamma=3)
-    plan = steep.plan([_option("lookup:1", 3)], 100)
+    assert steep.plan([_option("lookup:1", 3)], 100).length == 1  # first it tries the option
+    plan = _explored(steep, "lookup:1").plan([_option("lookup:1", 3)], 100)
     assert plan.option is None and plan.length == 0 and plan.tokens == 1.0
+
+
+def test_controller_tries_every_option_before_trusting_the_records():
+    c = DraftLength(ForwardCost((1.0, 1.1, 1.2)), ForwardCost((0.3,)), max_gamma=2)
+    draft = SimpleNamespace(committed=99)
+    options = [_option("lookup:1", 2), _option("model", 2, runner=draft)]
+    for _ in range(EXPLORE):
+        assert c.plan(options, 100).option.key == "lookup:1"
+        c.observe("lookup:1", 1, 0)
+    for _ in range(EXPLORE):  # then the model, which costs draft forwards, gets its tries too
+        assert c.plan(options, 100).option.key == "model"
+        c.observe("model", 1, 1)
+    assert c.plan(options, 100).option.key == "model"  # and wins on its record
 
 
 def test_controller_drafts_long_when_acceptance_is_high_and_the_forward_flat():
@@ -215,6 +253,7 @@ def test_controller_prefers_the_option_with_the_better_record_and_counts_draft_f
     for _ in range(30):
         c.observe("model", 2, 2)
         c.observe("lookup:1", 2, 0)
+    c.observe("lookup:1", 1, 0)
     draft = SimpleNamespace(committed=99)  # one token behind: the usual state after a verification
     plan = c.plan([_option("lookup:1", 2), _option("model", 2, runner=draft)], 100)
     assert plan.option.key == "model"
@@ -287,3 +326,21 @@ def test_bad_drafter_parameters_are_refused_before_any_model_runs():
     with pytest.raises(ValueError, match="integer or 'auto'"):
         get_method("sd").resolve({"gamma": "sometimes"})
     assert get_method("sd").resolve({"gamma": "AUTO"})["gamma"] == "auto"
+
+
+@pytest.mark.slow
+def test_every_drafter_gives_greedy_ar_on_real_text(default_pair):
+    # a summary copies from its article: the copying drafters find matches and have drafts rejected too
+    target, draft = default_pair.target, default_pair.draft
+    prompt = ("Summarise in two sentences: The city council met on Tuesday to discuss the new budget. The council "
+              "approved funding for three new parks and a library renovation. Council members debated the cost "
+              "of the library renovation for two hours before approving it.")
+    ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=40).token_ids
+    runs = [("sd", {"gamma": 4, "drafter": d}) for d in ("lookup", "suffix", "hybrid")]
+    runs += [("sd", {"gamma": "auto", "drafter": "hybrid"}), ("mcsd", {"k_config": "2x2x1", "drafter": "hybrid"}),
+             ("batch-sd", {"drafts": 3, "gamma": 3, "drafter": "suffix"}),
+             ("specinfer", {"k_config": "1x2x1", "drafter": "lookup"})]
+    for method, params in runs:
+        r = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=40, **params)
+        assert r.token_ids == ar, (method, params)
+        assert r.stats["accepted"] > 0 and r.stats["rejections"] > 0, (method, params)

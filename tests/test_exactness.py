@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from multispec.check import check_method
-from tests.test_verify_chain import no_residual_verify
+from tests.wrong_rules import no_residual_verify
 
 RUNS = 6000
 

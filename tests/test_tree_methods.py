@@ -13,7 +13,7 @@ from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
 from multispec.verify import Verdict
 from multispec.warp import Sampling
 from tests.conftest import FAMILIES, tiny_family, tiny_llama
-from tests.test_verify_tree import dedupe_rejection, sorted_rejection
+from tests.wrong_rules import dedupe_rejection, sorted_rejection
 
 PROMPT = [5, 17, 3, 42, 8, 11, 9, 30]
 

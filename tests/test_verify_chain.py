@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from multispec.verify import Verdict, residual, speculative_verify
+from multispec.verify import residual, speculative_verify
+from tests.wrong_rules import no_residual_verify
 
 EX1_TARGET = [0.5, 0.3, 0.2]
 EX1_DRAFT = [0.2, 0.2, 0.6]
@@ -64,17 +65,6 @@ def test_monte_carlo_first_token_law_and_acceptance():
         accepted.append(len(speculative_verify(target, draft, tokens, g).accepted))
     # context-free rows: block efficiency for gamma 2 is 1 + a + a^2 = 1.96 (specs/seed-004 §5.5)
     assert abs(1 + np.mean(accepted) - 1.96) < 4 * np.std(accepted) / np.sqrt(len(accepted))
-
-
-def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None, bonus=True):
-    """A known-wrong variant: on rejection it resamples from the target row instead of the residual."""
-    g = draft_tokens.shape[0]
-    rows = torch.arange(g)
-    u = torch.rand(g, generator=generator, dtype=target_probs.dtype)
-    ok = u * draft_probs[rows, draft_tokens] < target_probs[rows, draft_tokens]
-    n = int(ok.cumprod(0).sum())
-    nxt = int(torch.multinomial(target_probs[n], 1, generator=generator)[0])
-    return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < g)
 
 
 def test_broken_variant_has_the_wrong_law():

@@ -16,6 +16,7 @@ from multispec.verify import (
     tree_verify,
     without_replacement_rejection,
 )
+from tests.wrong_rules import dedupe_rejection, sorted_rejection
 
 EX1_TARGET = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
 EX1_DRAFT = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
@@ -90,24 +91,6 @@ def test_golden_tree_block_efficiency(branching, replacement, expected):
 
 
 # -- known-wrong variants (seed 004 §5.6 item 10): each must give the wrong law --------------------------
-
-def dedupe_rejection(target, draft, candidates, generator=None):
-    """Wrong: repeated i.i.d. candidates are skipped, so the residual is not updated for them."""
-    seen, keep = set(), []
-    for i, t in enumerate(candidates.tolist()):
-        if t not in seen:
-            seen.add(t)
-            keep.append(i)
-    index, token = recursive_rejection(target, draft, candidates[keep], generator)
-    return (None if index is None else keep[index]), token
-
-
-def sorted_rejection(target, draft, candidates, generator=None):
-    """Wrong: candidates drawn without replacement are verified sorted by draft probability."""
-    order = torch.argsort(draft[candidates], descending=True, stable=True)
-    index, token = without_replacement_rejection(target, draft, candidates[order], generator)
-    return (None if index is None else int(order[index])), token
-
 
 @pytest.mark.parametrize("rule, k, replacement, wrong_law", [
     (dedupe_rejection, 3, True, [0.436, 0.364, 0.2]),

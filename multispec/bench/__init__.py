@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+from ..data import PROMPT_SETS, data_dir, prompt_file
 from .energy import Meter, NVMLMeter, RAPLMeter, pick_meter
-from .prompts import Prompt, data_dir, default_prompt_file, load_prompt_file, load_prompts, select_prompts
+from .prompts import Prompt, load_prompt_file, load_prompts, select_prompts
 from .report import summarise, write_report
 from .runner import (
     BASELINES,
@@ -37,14 +38,14 @@ def preset_prompts(name: str) -> list[Prompt]:
     references, so the text metrics show) and the first two WMT En→De prompts."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    mt = load_prompt_file(default_prompt_file("mt_bench.jsonl"))
+    mt = load_prompt_file("mt-bench")
     chosen = [p for c in ("writing", "reasoning", "math") for p in [q for q in mt if q.category == c][:1]]
-    return chosen + load_prompt_file(default_prompt_file("wmt_ende.json"), limit=2)
+    return chosen + load_prompt_file("wmt-ende", limit=2)
 
 
 __all__ = [
-    "BASELINES", "PRESETS", "Meter", "MethodSpec", "NVMLMeter", "Prompt", "RAPLMeter", "check_settings", "data_dir",
-    "default_methods", "default_prompt_file", "load_prompt_file", "load_prompts", "parse_method_spec", "pick_meter",
+    "BASELINES", "PRESETS", "PROMPT_SETS", "Meter", "MethodSpec", "NVMLMeter", "Prompt", "RAPLMeter", "check_settings",
+    "data_dir", "default_methods", "prompt_file", "load_prompt_file", "load_prompts", "parse_method_spec", "pick_meter",
     "plan", "prepare_out", "preset_prompts", "read_results", "run_bench", "select_prompts", "summarise",
     "write_report",
 ]

@@ -11,9 +11,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..data import prompt_file
 
 
 @dataclass(frozen=True)
@@ -24,25 +25,10 @@ class Prompt:
     reference: str | None = None
 
 
-def data_dir() -> Path:
-    """The shared prompt folder: $MULTISPEC_DATA, else ../shared/data beside the repository."""
-    env = os.environ.get("MULTISPEC_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
-def default_prompt_file(name: str = "mt_bench.jsonl") -> Path:
-    path = data_dir() / name
-    if not path.exists():
-        raise ValueError(f"default prompt file {path} does not exist; give a prompt file with --prompts "
-                         "(or set MULTISPEC_DATA to the folder holding it)")
-    return path
-
-
 def load_prompt_file(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
-    """The prompts of one file in file order, those of `categories` only (if given), then the first `limit`."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"prompt file {path} does not exist")
+    """The prompts of one file (a path, or a shipped set's name such as `mt-bench`) in file order, those of
+    `categories` only (if given), then the first `limit`."""
+    path = prompt_file(path)
     if path.is_dir():
         raise ValueError(f"prompt file {path} is a folder")
     try:

@@ -166,7 +166,10 @@ def markdown(summary: dict, plots: list[str]) -> str:
         "- Cells are median (first quartile – third quartile) over prompts.",
         "- tokens/s = new tokens / wall time of one generate call, **prefill included**, for every method alike.",
         f"- speed-up = median over prompts of (tokens/s of the method / tokens/s of `{base}` on the same prompt "
-        "and seed); above 1 is faster.",
+        "and seed); above 1 is faster. The tokens/s column is the median of each method's own per-prompt "
+        "speeds: over prompts of different lengths the two medians can disagree (a method can show a higher "
+        "median tokens/s than the baseline and still be slower on most prompts); the speed-up is the paired "
+        "comparison and the one the verdicts use.",
         "- block efficiency = new tokens / target forward calls (prefill counted as one call); for `hf` and "
         "`hf-assisted` the calls are counted with a forward hook on transformers' model.",
         "- acceptance = accepted draft tokens / drafted tokens, from the method's own counters (not available "
@@ -207,9 +210,10 @@ def _verdicts(data: dict, base: str) -> list[str]:
         v = {n: x for n, x in v.items() if x is not None}
         if v:
             w = max(v, key=v.get)
-            per_cat.append(f"{c}: `{w}` ({v[w]:.2f}×)")
+            per_cat.append(f"{c}: `{w}` ({v[w]:.2f}×)" if v[w] > 1 else
+                           f"{c}: none faster than `{base}` (closest `{w}`, {v[w]:.2f}×)")
     if per_cat:
-        out.append("Fastest per category: " + "; ".join(per_cat) + ".")
+        out.append("Fastest per category (median per-prompt speed-up): " + "; ".join(per_cat) + ".")
     ppl = {n: s["perplexity"] for n, s in meths.items() if s["perplexity"] is not None}
     if len(ppl) > 1:
         lo, hi = min(ppl, key=ppl.get), max(ppl, key=ppl.get)
@@ -239,7 +243,9 @@ def plot(summary: dict, out: Path) -> list[Path]:
         for i, n in enumerate(names):
             sp = [(data["categories"][g][n] if g != "all" else data["methods"][n])["speedup"] for g in groups]
             med = np.array([v["median"] if v else np.nan for v in sp])
-            err = np.array([[v["median"] - v["q1"], v["q3"] - v["median"]] if v else [0, 0] for v in sp]).T
+            # quartiles of fewer than two prompts say nothing: no error bar there
+            err = np.array([[v["median"] - v["q1"], v["q3"] - v["median"]] if v and v["n"] > 1 else [np.nan] * 2
+                            for v in sp]).T
             x = np.arange(len(groups)) + (i - (len(names) - 1) / 2) * width
             colour = f"C{list(data['methods']).index(n) % 10}"  # the same colour per method in both plots
             ax.bar(x, np.nan_to_num(med), width, yerr=err, capsize=2, label=n, color=colour,
@@ -268,12 +274,15 @@ def plot(summary: dict, out: Path) -> list[Path]:
                 if x is not None and y is not None:
                     ax.scatter(x, y, marker=marker, color=f"C{methods.index(n) % 10}", s=40,
                                label=f"{n}, T={float(t):g}")
-                    ax.annotate(n, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        values = [s[key] for d in temps.values() for s in d["methods"].values() if s[key] is not None]
+        if values and max(values) <= 1.01 * min(values):  # all alike: show that, not a zoom into noise
+            mid = (max(values) + min(values)) / 2
+            ax.set_ylim(mid * 0.9, mid * 1.1)
         ax.set_xlabel(f"median speed-up vs {base} (right is faster)")
         ax.set_ylabel(label)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle("quality vs speed, one point per method and temperature")
     paths.append(out / "quality_speed.png")
     fig.savefig(paths[-1], dpi=110)

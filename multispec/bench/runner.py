@@ -24,6 +24,7 @@ import torch
 from ..api import generate
 from ..decoding import METHODS
 from ..models.base import LanguageModel
+from ..params import parse_method
 from ..warp import Sampling
 from . import metrics
 from .energy import Meter, pick_meter
@@ -53,13 +54,7 @@ class MethodSpec:
 
 def parse_method_spec(text: str) -> MethodSpec:
     """'sd:gamma=4,bonus=false' -> MethodSpec, checked against the registry (or a baseline) without a model."""
-    name, _, rest = text.strip().partition(":")
-    given: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"method parameters take KEY=VALUE, got {item!r} in {text!r}")
-        given[key.strip().replace("-", "_")] = value.strip()
+    name, given = parse_method(text)
     label = name + (":" + ",".join(f"{k}={v}" for k, v in given.items()) if given else "")
     if name in BASELINES:
         if given:
@@ -67,7 +62,7 @@ def parse_method_spec(text: str) -> MethodSpec:
         return MethodSpec(label, name, {}, needs_draft=name == "hf-assisted")
     if name not in METHODS:
         known = ", ".join([*sorted(METHODS), *BASELINES])
-        raise ValueError(f"unknown method {name!r}; known methods: {known}")
+        raise ValueError(f"unknown method {name!r}; known methods: {known} (hf* are the bench's baselines)")
     method = METHODS[name]
     params = method.resolve(given)
     return MethodSpec(label, name, params, method.draft_use(params) == "required")
@@ -299,7 +294,8 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     """transformers' own generate() on the target's underlying model as transformers ships it (with the draft
     as assistant_model when given, with prompt lookup of `lookup` tokens when > 0), timed like
     `multispec.generate` (prefill included). Forward calls are counted with hooks."""
-    from ..models.hf import HFModel, stock_linears
+    from ..models.hf import HFModel
+    from ..models.kernels import stock_linears
 
     if not isinstance(target, HFModel) or (draft is not None and not isinstance(draft, HFModel)):
         raise ValueError("the hf baselines need Hugging Face models (HFModel)")
@@ -329,7 +325,7 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
         for h in hooks:
             h.remove()
     tokens = out[0, len(ids):].tolist()
-    stopped = "eos" if tokens and tokens[-1] == target.eos_token_id else "length"
+    stopped = "eos" if tokens and tokens[-1] in target.stop_tokens else "length"
     return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
                     "acceptance_rate": None, "stopped": stopped}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..drafters import DRAFTERS
 from ..trees import parse_k_config
-from . import ar, beam, sd, tree
+from . import ar, beam, joint, sd, tree
 
 
 @dataclass(frozen=True)
@@ -191,3 +191,28 @@ register(Method("specinfer", tree.decode_specinfer, needs_draft=True, exact="equ
                         "replacement": Param(bool, True, rule="true or false",
                                              help="i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))
+
+
+def _joint_params(deterministic: bool) -> dict[str, Param]:
+    return {
+        "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "tokens drafted per target call"),
+        "width": Param(int, 8, lambda v: v >= 1, "an integer >= 1", "draft beams W"),
+        "tau": Param(float, 0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                     "a prefix passes when min(1, target joint / draft joint) > tau; 0 accepts any prefix the "
+                     "target allows, 1 none"),
+        "ratio": Param(str, "warped", lambda v: v in ("warped", "raw"), "'warped' or 'raw'",
+                       "distributions in the ratio: warped on both sides (the authors' code) or the plain "
+                       "softmaxes (the paper's exposition)"),
+        "threshold": Param(str, "strict", lambda v: v in ("strict", "non-strict"), "'strict' or 'non-strict'",
+                           "> tau (the paper) or >= tau (the authors' code)"),
+    }
+
+
+LOSSY = "lossy by design: joint-likelihood acceptance, judged by perplexity"
+register(Method("mtad", joint.decode_mtad, needs_draft=True, exact=LOSSY,
+                summary="multi-token assisted decoding: beam-sampled draft block, joint-ratio acceptance (seed 000)",
+                params=_joint_params(False)))
+register(Method("mjsd", joint.decode_mjsd, needs_draft=True, exact=LOSSY,
+                summary="multi-token joint speculative decoding: beam-decoded draft block, joint-ratio acceptance "
+                        "(seed 001)",
+                params=_joint_params(True)))

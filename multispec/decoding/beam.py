@@ -28,7 +28,7 @@ def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
     beams = torch.empty(1, 0, dtype=torch.long, device=device)  # generated tokens per active beam
     scores = torch.zeros(1, dtype=logits.dtype, device=device)  # raw joint log-likelihoods
     finished: list[tuple[float, list[int]]] = []
-    eos = s.eos
+    stops = torch.tensor(sorted(s.stop_tokens), dtype=torch.long, device=device)
     for step in range(budget):
         logp = torch.log_softmax(logits, dim=-1)
         joint = (scores[:, None] + logp).reshape(-1)
@@ -41,8 +41,8 @@ def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
         parents, tokens = picks // vocab, picks % vocab
         scores = joint[picks]
         beams = torch.cat([beams[parents], tokens[:, None]], dim=1)
-        if eos is not None:
-            ended = tokens == eos
+        if stops.numel():
+            ended = torch.isin(tokens, stops)
             for i in ended.nonzero().flatten().tolist():
                 finished.append((float(scores[i]) / (step + 1), beams[i].tolist()))
             keep = ~ended

@@ -553,4 +553,6 @@ def mt_bench_prompts(data_dir: Path, spread: bool = False, with_categories: bool
 
 
 def default_data_dir() -> Path:
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
+    from ..data import data_dir
+
+    return data_dir()

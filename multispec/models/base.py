@@ -20,17 +20,24 @@ class LanguageModel(ABC):
     #: longest sequence (prompt + generated) the model accepts, or None when unbounded
     max_length: int | None = None
     eos_token_id: int | None = None
+    #: every token that ends a generation (a chat model may end turns with one and text with another);
+    #: empty: the eos_token_id alone, if any
+    stop_token_ids: tuple[int, ...] = ()
     tokenizer: Any = None
     name: str = "model"
     device: torch.device = torch.device("cpu")
+
+    @property
+    def stop_tokens(self) -> frozenset[int]:
+        ids = set(self.stop_token_ids)
+        if self.eos_token_id is not None:
+            ids.add(self.eos_token_id)
+        return frozenset(ids)
 
     @abstractmethod
     def new_cache(self) -> Any:
         """An empty cache."""
 
-    @abstractmethod
-    def cache_length(self, cache: Any) -> int:
-        """Number of positions held in the cache."""
 
     @abstractmethod
     def forward(

@@ -4,25 +4,17 @@ Trees and beams pass a boolean [B, n, past + n] mask; it is handed to the model 
 ([B, 1, n, past + n], 0 where allowed and the dtype's minimum elsewhere) together with explicit
 position ids, which transformers uses as given. Chains pass no mask and get the model's own causal path.
 
-On a CPU, the float32 linear layers of the model (output head included) are switched to `FewRowsLinear`,
-which multiplies the few rows of a decoding step as `weight @ x.T` instead of `x @ weight.T`: with
-weights streamed from memory, MKL runs the first form about twice as fast for 1 to 11 rows. Measured on
-this project's 2-core machine over SmolLM2-135M's 210 layer matrices: 37 -> 21 ms for one row, 54-66 ->
-25-36 ms for 2-4 rows. A speculative step scores 2 to 9 positions, so this is what makes verification
-cost about as much as one plain decoding step. MKL is slower for 1, 3 and 7 rows than for 2, 4 and 8
-(the matrices alone: 18.8 / 15.7, 21.1 / 16.7, 32.5 / 29.1 ms), so those are padded with copies of the
-first rows: a whole target forward of 3 tokens became 10 % faster, of 7 tokens 26 % (interleaved A/B,
-session 12).
+On a CPU, the float32 linear layers are switched to `FewRowsLinear` (`models/kernels.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
 from .base import LanguageModel
+from .kernels import use_few_rows_linears
 
 
 class HFModel(LanguageModel):
@@ -38,7 +30,9 @@ class HFModel(LanguageModel):
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
-        self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+        eos = [e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+        self.eos_token_id = eos[0] if eos else None
+        self.stop_token_ids = tuple(int(e) for e in eos)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.use_chat_template = chat
@@ -79,8 +73,6 @@ class HFModel(LanguageModel):
             return cache
         return DynamicCache(config=self.model.config)
 
-    def cache_length(self, cache) -> int:
-        return cache.get_seq_length()
 
     def crop(self, cache, length: int) -> None:
         if self.sliding_window:
@@ -160,50 +152,3 @@ class HFModel(LanguageModel):
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-FEW_ROWS = 11  # up to this many rows `FewRowsLinear` takes the transposed product (measured, module note)
-# MKL's kernels for 1, 3 and 7 columns are slower than for 2, 4 and 8 here: those get duplicate rows (measured)
-PAD_ROWS = {1: 2, 3: 4, 7: 8}
-
-
-class FewRowsLinear(torch.nn.Linear):
-    """`nn.Linear` that computes a product of few rows as `weight @ x.T` (see the module note)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if rows > FEW_ROWS or rows == 0:
-            return super().forward(x)
-        flat = x.reshape(rows, x.shape[-1])
-        padded = PAD_ROWS.get(rows, rows)
-        if padded > rows:
-            flat = torch.cat([flat, flat[: padded - rows]])
-        out = (self.weight @ flat.T).T[:rows]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).contiguous()
-
-
-def use_few_rows_linears(model: torch.nn.Module) -> int:
-    """Switch the plain float32 `nn.Linear` modules of `model` to `FewRowsLinear` (same parameters and
-    state dict; subclasses such as quantised linears are left alone). Returns how many were switched."""
-    n = 0
-    for module in model.modules():
-        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
-            module.__class__ = FewRowsLinear
-            n += 1
-    return n
-
-
-@contextlib.contextmanager
-def stock_linears(*models: torch.nn.Module):
-    """Inside the block the models' `FewRowsLinear` modules are plain `nn.Linear` again: transformers'
-    model as it ships (the `hf` baselines of the bench)."""
-    switched = [m for model in models if model is not None for m in model.modules() if type(m) is FewRowsLinear]
-    for m in switched:
-        m.__class__ = torch.nn.Linear
-    try:
-        yield
-    finally:
-        for m in switched:
-            m.__class__ = FewRowsLinear

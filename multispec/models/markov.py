@@ -43,8 +43,6 @@ class MarkovLM(LanguageModel):
     def new_cache(self) -> MarkovCache:
         return MarkovCache()
 
-    def cache_length(self, cache: MarkovCache) -> int:
-        return cache.length
 
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
         b, n = tokens.shape
@@ -130,8 +128,6 @@ class HistoryLM(LanguageModel):
     def new_cache(self) -> HistoryCache:
         return HistoryCache()
 
-    def cache_length(self, cache) -> int:
-        return cache.tokens.shape[1]
 
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
         b, n = tokens.shape

@@ -2,6 +2,7 @@
 `Verdict`."""
 
 from .chain import relaxed_verify, residual, speculative_verify
+from .joint import joint_verify
 from .multi import (
     NODE_RULES,
     batch_verify,
@@ -12,5 +13,5 @@ from .multi import (
 )
 from .verdict import Verdict
 
-__all__ = ["NODE_RULES", "Verdict", "batch_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
+__all__ = ["NODE_RULES", "Verdict", "batch_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
            "residual", "speculative_verify", "tree_verify", "without_replacement_rejection"]

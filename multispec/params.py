@@ -1,0 +1,24 @@
+"""Method specs as text, shared by the command line and the bench: 'sd:gamma=4,drafter=lookup'.
+
+No torch here: the command line parses its arguments before loading anything heavy.
+"""
+
+from __future__ import annotations
+
+
+def parse_params(items: list[str], what: str = "--param") -> dict[str, str]:
+    """['gamma=4', 'k-config=2x2'] -> {'gamma': '4', 'k_config': '2x2'} (dashes in keys become underscores)."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what} takes KEY=VALUE, got {item!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def parse_method(text: str) -> tuple[str, dict[str, str]]:
+    """'sd:gamma=4,bonus=false' -> ('sd', {'gamma': '4', 'bonus': 'false'})."""
+    name, _, rest = text.strip().partition(":")
+    items = [p.strip() for p in rest.split(",") if p.strip()]
+    return name.strip(), parse_params(items, f"method parameters in {text!r}")

@@ -1,0 +1,178 @@
+"""Joint verification and the joint methods (`mtad`, `mjsd`): hand-built cases for the pure rule, the
+properties of seed 000 §4.1 and seed 001 §4.6 on small Markov models, and the edge cases."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from multispec import generate
+from multispec.check import check_method
+from multispec.engine import Session
+from multispec.models.markov import MarkovLM, random_markov_pair
+from multispec.proposers import BeamDraft
+from multispec.verify import joint_verify
+from multispec.warp import Sampling
+
+
+def _rows(*rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# -- the pure rule ------------------------------------------------------------------------------------------
+
+def test_the_longest_passing_prefix_is_accepted_even_after_a_failing_one():
+    # target probabilities of the drafts: 0.5, 0.01, 0.9, 0.9; draft joint: 0.5, 0.25, 0.2, 0.15
+    target = _rows([0.5, 0.5, 0, 0], [0.01, 0.99, 0, 0], [0.9, 0.1, 0, 0], [0.9, 0.1, 0, 0], [0, 0, 1.0, 0])
+    tokens = torch.tensor([0, 0, 0, 0])
+    logq = torch.log(torch.tensor([0.5, 0.25, 0.2, 0.15], dtype=torch.float64))
+    # joint ratios: 1, 0.02, 0.0225, 0.027 -> with tau 0.025 prefixes 1 and 4 pass, 2 and 3 fail
+    v = joint_verify(target, logq, tokens, tau=0.025)
+    assert v.accepted == (0, 1, 2, 3) and v.next_token == 2 and not v.rejected
+    v = joint_verify(target, logq, tokens, tau=0.03)  # only prefix 1 passes
+    assert v.accepted == (0,) and v.next_token in (0, 1) and v.rejected
+
+
+def test_tau_at_least_one_accepts_nothing_and_zero_accepts_what_the_target_allows():
+    target = _rows([0.5, 0.5], [0.0, 1.0], [0.3, 0.7])
+    tokens, logq = torch.tensor([1, 0]), torch.log(torch.tensor([0.5, 0.5], dtype=torch.float64))
+    for strict in (True, False):
+        assert joint_verify(target, logq, tokens, tau=1.0, strict=strict).accepted == ()
+    # token 0 at position 2 has target probability 0: that prefix never passes, even at tau = 0
+    assert joint_verify(target, logq, tokens, tau=0.0).accepted == (0,)
+
+
+def test_strict_and_non_strict_thresholds_differ_only_at_equality():
+    target = _rows([0.25, 0.75], [0.5, 0.5])
+    tokens, logq = torch.tensor([0]), torch.log(torch.tensor([0.5], dtype=torch.float64))  # ratio exactly 0.5
+    assert joint_verify(target, logq, tokens, tau=0.5, strict=True).accepted == ()
+    assert joint_verify(target, logq, tokens, tau=0.5, strict=False).accepted == (0,)
+
+
+def test_the_next_token_follows_the_target_row_after_the_prefix_without_residual():
+    target = _rows([1.0, 0.0, 0.0], [0.2, 0.3, 0.5])
+    tokens, logq = torch.tensor([0]), torch.tensor([0.0], dtype=torch.float64)  # the draft was sure
+    counts = np.zeros(3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4000):
+        counts[joint_verify(target, logq, tokens, tau=0.5, generator=gen).next_token] += 1
+    assert np.abs(counts / counts.sum() - [0.2, 0.3, 0.5]).max() < 0.03
+
+
+def test_tau_is_monotone():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        target = torch.softmax(torch.randn(5, 6, generator=gen, dtype=torch.float64) * 2, -1)
+        tokens = torch.randint(6, (4,), generator=gen)
+        logq = torch.log(torch.rand(4, generator=gen, dtype=torch.float64)).cumsum(0)
+        lengths = [len(joint_verify(target, logq, tokens, tau=t).accepted) for t in (0.0, 0.05, 0.2, 0.6, 0.99)]
+        assert lengths == sorted(lengths, reverse=True)
+
+
+# -- the beam drafter ----------------------------------------------------------------------------------------
+
+def _session(target, draft, prompt, sampling, seed=0):
+    return Session(target, draft, prompt, sampling, 16, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("deterministic, raw", [(False, False), (True, False), (True, True)])
+def test_beam_draft_logq_is_the_joint_of_the_returned_path(deterministic, raw):
+    target, draft = random_markov_pair(5, 12, 3)
+    sampling = Sampling(1.0, top_k=3)
+    for seed in range(10):
+        s = _session(target, draft, [2], sampling, seed)
+        p = BeamDraft(4, deterministic, raw).propose(s, (1, 1, 1))
+        tokens = [2] + p.tokens.tolist()
+        fresh, total = [], 0.0
+        for i in range(3):  # recomputed from the draft's tables, position by position
+            logits = torch.log(draft.conditionals(i)[tokens[i]])
+            row = torch.softmax(logits, -1) if raw else sampling.probs(logits)
+            total += math.log(float(row[tokens[i + 1]]))
+            fresh.append(total)
+        assert np.allclose(p.logq.tolist(), fresh)
+
+
+def test_beam_decoding_with_a_wide_beam_finds_the_joint_argmax():
+    # W >= V^(g - 1) keeps every prefix alive: the best beam is the exact argmax of the draft's joint
+    target, draft = random_markov_pair(3, 8, 5)
+    s = _session(target, draft, [1], Sampling(1.0))
+    p = BeamDraft(9, deterministic=True).propose(s, (1, 1, 1))
+    outcomes, prob = draft.sequence_distribution([1], 3, Sampling(1.0))
+    assert p.tokens.tolist() == outcomes[int(prob.argmax())].tolist()
+
+
+def test_beam_sampling_of_width_one_is_ancestral_sampling_from_the_draft():
+    target, draft = random_markov_pair(3, 8, 6)
+    outcomes, exact = draft.sequence_distribution([0], 2, Sampling(1.0))
+    counts = np.zeros(len(exact))
+    index = {tuple(o.tolist()): i for i, o in enumerate(outcomes)}
+    for seed in range(3000):
+        p = BeamDraft(1).propose(_session(target, draft, [0], Sampling(1.0), seed), (1, 1))
+        counts[index[tuple(p.tokens.tolist())]] += 1
+    assert np.abs(counts / counts.sum() - exact.numpy()).max() < 0.03
+
+
+# -- the methods ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["mtad", "mjsd"])
+def test_a_draft_identical_to_the_target_passes_every_block(method):
+    target, _ = random_markov_pair(4, 40, 7)
+    r = generate(target, target, [0], method=method, gamma=4, width=3, tau=0.5, max_new_tokens=30, seed=2)
+    assert r.stats["accepted"] == 4 * r.stats["iterations"] and r.stats["target_calls"] == 6  # 6 x (4 + 1)
+
+
+def test_mtad_with_tau_one_is_target_sampling():
+    report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=1.0, width=3, gamma=2)
+    assert report.passed, report.pairs
+
+
+def test_mtad_with_a_small_tau_is_not_target_sampling():
+    report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=0.05, width=3, gamma=2)
+    assert not report.passed  # lossy by design: the checker must say so
+
+
+def test_theorem_3_6_accepted_length_bound_holds_every_iteration():
+    # q = p reweighted by exp(noise) with |noise| <= a: |log q - log p| <= U = 2a at every context
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(4), size=(30, 4))
+    q = p * np.exp(rng.uniform(-0.15, 0.15, size=p.shape))
+    q /= q.sum(-1, keepdims=True)
+    u = float(np.abs(np.log(p) - np.log(q)).max())
+    target, draft = MarkovLM(p), MarkovLM(q)
+    tau = 0.3
+    bound = min(3, math.ceil(abs(math.log(tau)) / u) - 1)
+    assert bound >= 2  # the test says something
+    for seed in range(20):
+        r = generate(target, draft, [0], method="mtad", gamma=3, width=4, tau=tau, ratio="raw", max_new_tokens=24,
+                     seed=seed)
+        hist = r.stats["accepted_length_histogram"]
+        # every iteration but the last (which the budget may cut) accepted at least `bound`
+        assert sum(hist[:bound]) <= 1, hist
+
+
+@pytest.mark.parametrize("kw", [{"tau": 0.0}, {"width": 8, "top_k": 2}, {"width": 8, "top_p": 0.3},
+                                {"max_new_tokens": 5, "gamma": 4}, {"temperature": 0}])
+@pytest.mark.parametrize("method", ["mtad", "mjsd"])
+def test_edge_cases_run_and_respect_the_budget(method, kw):
+    target, draft = random_markov_pair(5, 40, 8)
+    kw = {"max_new_tokens": 20, **kw}
+    r = generate(target, draft, [1], method=method, seed=3, **kw)
+    assert len(r.token_ids) == kw["max_new_tokens"] and r.stats["target_calls"] == r.stats["iterations"]
+
+
+def test_an_eos_inside_an_accepted_block_ends_the_output():
+    p = np.full((30, 4, 4), 0.02)
+    p[:, :, 3] = 0.94  # token 3 (EOS) is almost certain after anything
+    target = MarkovLM(p / p.sum(-1, keepdims=True), eos_token_id=3)
+    r = generate(target, target, [0], method="mtad", gamma=4, width=2, tau=0.1, max_new_tokens=20, seed=1)
+    assert r.token_ids[-1] == 3 and 3 not in r.token_ids[:-1] and r.stats["stopped"] == "eos"
+
+
+def test_greedy_mjsd_with_the_target_as_draft_is_greedy_ar_on_a_tiny_llama():
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(seed=9)
+    ar = generate(model, None, [4, 8, 15], method="ar", temperature=0, max_new_tokens=24).token_ids
+    r = generate(model, model, [4, 8, 15], method="mjsd", temperature=0, gamma=3, width=1, max_new_tokens=24)
+    assert r.token_ids == ar and r.stats["rejections"] == 0

@@ -1,0 +1,34 @@
+"""Known-wrong verification rules, shared by the tests that show each one fails (not a test module)."""
+
+import torch
+
+from multispec.verify import Verdict, recursive_rejection, without_replacement_rejection
+
+
+def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None, bonus=True):
+    """A known-wrong variant: on rejection it resamples from the target row instead of the residual."""
+    g = draft_tokens.shape[0]
+    rows = torch.arange(g)
+    u = torch.rand(g, generator=generator, dtype=target_probs.dtype)
+    ok = u * draft_probs[rows, draft_tokens] < target_probs[rows, draft_tokens]
+    n = int(ok.cumprod(0).sum())
+    nxt = int(torch.multinomial(target_probs[n], 1, generator=generator)[0])
+    return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < g)
+
+
+def dedupe_rejection(target, draft, candidates, generator=None):
+    """Wrong: repeated i.i.d. candidates are skipped, so the residual is not updated for them."""
+    seen, keep = set(), []
+    for i, t in enumerate(candidates.tolist()):
+        if t not in seen:
+            seen.add(t)
+            keep.append(i)
+    index, token = recursive_rejection(target, draft, candidates[keep], generator)
+    return (None if index is None else keep[index]), token
+
+
+def sorted_rejection(target, draft, candidates, generator=None):
+    """Wrong: candidates drawn without replacement are verified sorted by draft probability."""
+    order = torch.argsort(draft[candidates], descending=True, stable=True)
+    index, token = without_replacement_rejection(target, draft, candidates[order], generator)
+    return (None if index is None else int(order[index])), token
