@@ -13,7 +13,16 @@ DESCRIPTION = ("Speculative decoding beyond single-token sampling: generate with
                "exactness, benchmark methods, reproduce the theory, train a draft.")
 # what `multispec generate` runs with no method flags
 DEFAULT_METHOD = "sd:gamma=auto,drafter=hybrid"
-DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+
+
+class DEFAULTS(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default after its help, unless it has none worth showing or the help says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -30,13 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text with one method", formatter_class=DEFAULTS)
     g.add_argument("prompt")
     g.add_argument("--method", default=DEFAULT_METHOD,
-                   help="a method (`multispec methods` lists them), parameters after a colon: sd:gamma=6. The "
-                   "default is speculative sampling that copies from the prompt where it can, drafts with the "
+                   help="a method (`multispec methods` lists them), parameters after a colon: sd:gamma=6. Unless "
+                   "given: speculative sampling that copies from the prompt where it can, drafts with the "
                    "draft model elsewhere, and picks each draft length, zero included, from the target's "
                    "measured cost and the acceptance so far")
     g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=128, help="at most this many new tokens")
     _sampling_args(g, 1.0)
     g.add_argument("--gamma", default=None, help="drafts per target call, or auto (sd)")
     g.add_argument("--width", type=int, default=None, help="beam width (beam)")
@@ -80,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--max-new-tokens", type=int, default=64)
     th.add_argument("--temperature", type=float, default=1.0)
     th.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
-    from .distill.cli import add_parser as add_distill
+    from .distill_args import add_parser as add_distill
 
     add_distill(sub)
     b = sub.add_parser("bench", help="benchmark methods on prompt sets: tokens/s, speed-up, quality, energy; "

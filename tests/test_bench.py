@@ -355,12 +355,12 @@ def test_a_method_that_fails_on_one_prompt_is_an_error_row_and_the_run_goes_on(t
 
 @pytest.mark.parametrize("methods, kw, needle", [
     (["nope"], {}, "unknown method 'nope'; known methods: .*hf-assisted"),
-    (["sd:gamma=x"], {}, "gamma must be an integer, got 'x'"),
+    (["sd:gamma=x"], {}, "gamma must be an integer or 'auto', got 'x'"),
     (["sd:depth=2"], {}, "has no parameter 'depth'"),
     (["sd:gamma"], {}, "KEY=VALUE"),
     (["hf:gamma=2"], {}, "takes no parameters"),
     (["ar", "ar"], {}, "listed twice"),
-    (["ar"], {"temperatures": [-1]}, "temperature must be >= 0"),
+    (["ar"], {"temperatures": [-1]}, "temperature must be a finite number >= 0"),
     (["ar"], {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
 ])
 def test_library_rejects_bad_runs(tmp_path, tiny_pair, methods, kw, needle):
@@ -397,7 +397,7 @@ def test_cli_bad_input_gives_one_line_and_status_2(tmp_path, capsys):
     assert "missing.jsonl does not exist" in cli_error(capsys, "--prompts", tmp_path / "missing.jsonl", "--out", out)
     assert "line 2 is not valid JSON" in cli_error(capsys, "--prompts", bad, "--out", out)
     assert "unknown method 'magic'" in cli_error(capsys, "--prompts", good, "--method", "magic", "--out", out)
-    assert "gamma must be an integer, got '2.5'" in cli_error(capsys, "--prompts", good, "--method", "sd:gamma=2.5",
+    assert "gamma must be an integer or 'auto', got '2.5'" in cli_error(capsys, "--prompts", good, "--method", "sd:gamma=2.5",
                                                              "--out", out)
     assert "is a file, not a folder" in cli_error(capsys, "--prompts", good, "--out", tmp_path / "file")
     assert "unknown preset 'huge'" in cli_error(capsys, "--preset", "huge", "--out", out)
