@@ -363,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output was piped into a reader that stopped (| head)
+        sys.stderr.close()
+        return 0
     except OSError as e:  # a model id or path that cannot be loaded
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
