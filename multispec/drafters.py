@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .engine import Session
-from .proposers import DraftChain, DraftTree, Option, Proposal, Proposer
+from .proposers import DraftChain, DraftTree, Option, Proposal, Proposer, empty_proposal
 from .trees import TokenTree
 
 DRAFTERS = ("model", "lookup", "suffix", "hybrid")
@@ -159,8 +159,7 @@ def fixed_proposal(s: Session, copy: Copy | None) -> Proposal:
     what chain verification reads; tree verification reads `fixed` instead."""
     device = s.target_model.device
     if copy is None or not copy.tokens:
-        return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
-                        torch.empty(0, s.target_model.vocab_size, device=device))
+        return empty_proposal(s)
     tree = TokenTree.chain(len(copy.tokens)) if copy.parents == list(range(-1, len(copy.tokens) - 1)) \
         else TokenTree.from_parents(copy.parents)
     tokens = torch.tensor(copy.tokens, dtype=torch.long, device=device)

@@ -40,6 +40,13 @@ class Option:
     make: object  # Callable[[int], Proposal]
 
 
+def empty_proposal(s: Session) -> Proposal:
+    """Nothing proposed: the iteration is a plain target step."""
+    device = s.target_model.device
+    return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
+                    torch.empty(0, s.target_model.vocab_size, device=device))
+
+
 class Proposer:
     def propose(self, session: Session, shape: tuple[int, ...]) -> Proposal:
         raise NotImplementedError
@@ -68,8 +75,7 @@ class DraftChain(Proposer):
         g = len(shape)
         device = s.target_model.device
         if g == 0:
-            return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
-                            torch.empty(0, s.target_model.vocab_size, device=device))
+            return empty_proposal(s)
         probs, tokens = [], []
         logits = s.draft.feed(s.tokens)
         for i in range(g):
@@ -196,8 +202,7 @@ class BeamDraft(Proposer):
         g = len(shape)
         device = s.target_model.device
         if g == 0:
-            return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=device),
-                            torch.empty(0, s.target_model.vocab_size, device=device))
+            return empty_proposal(s)
         logits = s.draft.feed(s.tokens)[-1:]  # [1, V]: the root
         parents: list[int] = []  # beam tree, breadth first
         tokens: list[int] = []

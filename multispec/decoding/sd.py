@@ -16,9 +16,9 @@ import time
 from functools import partial
 
 from ..adaptive import DraftLength, forward_cost
-from ..drafters import fixed_proposal, make_drafter
+from ..drafters import make_drafter
 from ..engine import Session
-from ..proposers import Proposer
+from ..proposers import Proposer, empty_proposal
 from ..verify import relaxed_verify, speculative_verify
 
 
@@ -61,7 +61,7 @@ def _decode_auto(s: Session, proposer: Proposer, bonus: bool, verify) -> None:
         room = s.draft_depth(controller.max_gamma, bonus)
         plan = controller.plan(proposer.options(s, room) if room > 0 else [], len(s.tokens),
                                len(s.tokens) - s.target.committed)
-        proposal = fixed_proposal(s, None) if plan.option is None else plan.option.make(plan.length)
+        proposal = empty_proposal(s) if plan.option is None else plan.option.make(plan.length)
         verdict = _step(s, proposer, proposal, bonus, verify)
         kind = plan.option.key.split(":")[0] if plan.option is not None else "none"
         used[kind] = used.get(kind, 0) + 1
