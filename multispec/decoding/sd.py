@@ -28,8 +28,11 @@ def decode(s: Session, gamma: int | str = 4, bonus: bool = True, confidence: flo
     `confidence` > 0 ends a model chain early after a draft token whose unwarped draft probability is below
     it. `proposer` (hidden): a function of the session giving the proposer to use instead of the one
     `drafter` names (tests)."""
-    proposer = proposer(s) if proposer is not None else make_drafter(drafter, s, tree=False, confidence=confidence, min_ngram=min_ngram,
-                                        max_ngram=max_ngram)
+    if proposer is not None:
+        proposer = proposer(s)
+    else:
+        proposer = make_drafter(drafter, s, tree=False, confidence=confidence, min_ngram=min_ngram,
+                                max_ngram=max_ngram)
     if gamma == "auto":
         return _decode_auto(s, proposer, bonus, verify)
     while not s.done:
