@@ -12,6 +12,7 @@ import torch
 
 from .decoding import get_method
 from .engine import Session
+from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel
@@ -141,10 +142,15 @@ def generate(
     seed: int | None = 0,
     chat: bool = True,
     on_tokens: Callable[[list[int]], None] | None = None,
+    score: bool = True,
     **method_params,
 ) -> Result:
     """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
-    tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output."""
+    tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
+
+    With `score`, the output's mean log-probability and perplexity under the unwarped target are added
+    to the stats (`mean_logprob`, `perplexity`): one more target forward over prompt and output, after
+    the timed decoding."""
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)
     use = spec.draft_use(params)
     if use == "required" and draft is None:
@@ -170,7 +176,11 @@ def generate(
     if not session.done:
         spec.run(session, **params)
     seconds = time.perf_counter() - t0
-    return Result(session.new_tokens, target.decode(session.new_tokens), _stats(session, seconds), prompt_ids)
+    stats = _stats(session, seconds)
+    if score:
+        stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
+        stats["perplexity"] = perplexity([stats["mean_logprob"]])
+    return Result(session.new_tokens, target.decode(session.new_tokens), stats, prompt_ids)
 
 
 def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None):

@@ -108,7 +108,8 @@ def check_method(
         for r in range(runs):
             out = generate(
                 target, draft, prompt, method=method, max_new_tokens=n_tokens,
-                temperature=temperature, top_k=top_k, top_p=top_p, seed=pair_seed * 10**7 + r, **method_params,
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=pair_seed * 10**7 + r, score=False,
+                **method_params,
             ).token_ids
             if len(out) != n_tokens:
                 raise AssertionError(f"{method} returned {len(out)} tokens, expected {n_tokens}")

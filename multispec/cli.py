@@ -270,6 +270,9 @@ def cmd_generate(args) -> int:
     # check what needs no model before spending seconds on loading one
     method, _, _ = validate_request(name, args.max_new_tokens, args.temperature, args.top_k, args.top_p, params,
                                     args.seed)
+    if method.markov_only:
+        raise ValueError(f"method {name!r} runs only on MarkovLM test models (library use); the command line "
+                         "loads real models")
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     if method.draft_use(method.resolve(params)) != "none":
@@ -305,9 +308,10 @@ def cmd_generate(args) -> int:
     acc = f" · acceptance {st['acceptance_rate']:.2f}" if st["acceptance_rate"] is not None else ""
     predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
                  f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")
+    ppl = f" · perplexity {st['perplexity']:.2f}" if st.get("perplexity") is not None else ""
     print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"
           f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}{predicted}"
-          f" · stopped: {st['stopped']}")
+          f"{ppl} · stopped: {st['stopped']}")
     models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
     print(f"[models] {models}", file=sys.stderr)
     return 0

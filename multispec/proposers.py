@@ -63,13 +63,15 @@ class Proposer:
 class DraftChain(Proposer):
     """The draft model samples a chain, one draft forward per token; with `confidence` the chain ends after
     the first token whose probability under the draft's plain softmax (not the warped one, which is
-    one-hot when greedy) is below it. The stop is decided by the draft alone from tokens already drawn,
-    so verification stays exact."""
+    one-hot when greedy) is below it. With `fallback` (BiLD's fallback threshold) it ends after a token drawn
+    from a distribution whose largest probability is below it: the warped draft's, or its plain softmax
+    when greedy. The stop is decided by the draft alone from tokens already drawn, so verification stays
+    exact."""
 
     name = "model"
 
-    def __init__(self, confidence: float = 0.0):
-        self.confidence = confidence
+    def __init__(self, confidence: float = 0.0, fallback: float = 0.0):
+        self.confidence, self.fallback = confidence, fallback
 
     def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
         g = len(shape)
@@ -85,9 +87,16 @@ class DraftChain(Proposer):
             tokens.append(token)
             if self.confidence > 0 and torch.softmax(logits[-1].float(), -1)[token] < self.confidence:
                 break
+            if self.fallback > 0 and self._peak(s, q, logits[-1]) < self.fallback:
+                break
             if i + 1 < g:  # the last draft is never fed to the draft model
                 logits = s.draft.feed(s.tokens, token.reshape(1))
         return Proposal(TokenTree.chain(len(tokens)), torch.stack(tokens).to(device), torch.stack(probs).to(device))
+
+
+    @staticmethod
+    def _peak(s: Session, q: torch.Tensor, logits: torch.Tensor) -> float:
+        return float((torch.softmax(logits.float(), -1) if s.sampling.greedy else q).max())
 
 
 class DraftTree(Proposer):

@@ -1,6 +1,7 @@
 """The command line as a user runs it."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ def test_generate_streams_text_and_prints_a_summary():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[-1].startswith("[ar] ") and "tokens/s" in lines[-1] and "target calls" in lines[-1]
+    assert re.search(r"perplexity \d+\.\d\d", lines[-1]), lines[-1]
     assert len("".join(lines[:-1]).strip()) > 0
 
 

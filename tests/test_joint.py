@@ -12,7 +12,7 @@ from multispec.check import check_method
 from multispec.engine import Session
 from multispec.models.markov import MarkovLM, random_markov_pair
 from multispec.proposers import BeamDraft
-from multispec.verify import joint_verify
+from multispec.verify import joint_verify, rollback_verify
 from multispec.warp import Sampling
 
 
@@ -176,3 +176,144 @@ def test_greedy_mjsd_with_the_target_as_draft_is_greedy_ar_on_a_tiny_llama():
     ar = generate(model, None, [4, 8, 15], method="ar", temperature=0, max_new_tokens=24).token_ids
     r = generate(model, model, [4, 8, 15], method="mjsd", temperature=0, gamma=3, width=1, max_new_tokens=24)
     assert r.token_ids == ar and r.stats["rejections"] == 0
+
+
+# -- mtjd: the exact reference ----------------------------------------------------------------------------------
+
+def _log_likelihood(model: MarkovLM, prompt: list[int], output: list[int]) -> float:
+    tokens = prompt + output
+    return sum(math.log(float(model.conditionals(len(prompt) - 1 + i)[tokens[len(prompt) - 1 + i],
+                                                                      tokens[len(prompt) + i]]))
+               for i in range(len(output)))
+
+
+def test_greedy_mtjd_emits_the_joint_argmax_of_each_block():
+    target, _ = random_markov_pair(4, 20, 11)
+    r = generate(target, None, [2], method="mtjd", gamma=3, temperature=0, max_new_tokens=6)
+    outcomes, prob = target.sequence_distribution([2], 3, Sampling(1.0))
+    assert r.token_ids[:3] == outcomes[int(prob.argmax())].tolist()
+    outcomes, prob = target.sequence_distribution([2] + r.token_ids[:3], 3, Sampling(1.0))
+    assert r.token_ids[3:] == outcomes[int(prob.argmax())].tolist()
+    assert r.stats["iterations"] == 2 and r.stats["target_calls"] == 0
+
+
+def test_mtjd_with_blocks_of_one_is_greedy_ar():
+    target, _ = random_markov_pair(5, 30, 12)
+    ar = generate(target, None, [0], method="ar", temperature=0, max_new_tokens=20).token_ids
+    assert generate(target, None, [0], method="mtjd", gamma=1, temperature=0, max_new_tokens=20).token_ids == ar
+
+
+def test_sampled_mtjd_blocks_follow_the_warped_joint():
+    target, _ = random_markov_pair(3, 10, 13)
+    outcomes, prob = target.sequence_distribution([1], 2, Sampling(1.0))  # the raw joint over 9 blocks
+    logits = torch.log(prob)
+    expected = Sampling(0.7, top_k=4).probs(logits).numpy()  # the warp acts on the block, not per token
+    index = {tuple(o.tolist()): i for i, o in enumerate(outcomes)}
+    counts = np.zeros(len(expected))
+    for seed in range(3000):
+        out = generate(target, None, [1], method="mtjd", gamma=2, temperature=0.7, top_k=4, max_new_tokens=2,
+                       seed=seed, score=False).token_ids
+        counts[index[tuple(out)]] += 1
+    assert (counts[expected == 0] == 0).all()
+    assert np.abs(counts / counts.sum() - expected).max() < 0.03
+
+
+def test_corollary_3_3_greedy_joint_blocks_are_at_least_as_likely_as_greedy_tokens():
+    strictly_better = 0
+    for seed in range(30):
+        target, _ = random_markov_pair(4, 12, 100 + seed, concentration=0.5)
+        prompt = [seed % 4]
+        joint = generate(target, None, prompt, method="mtjd", gamma=3, temperature=0, max_new_tokens=3).token_ids
+        greedy = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=3).token_ids
+        lj, lg = _log_likelihood(target, prompt, joint), _log_likelihood(target, prompt, greedy)
+        assert lj >= lg - 1e-12
+        strictly_better += lj > lg + 1e-9
+    assert strictly_better > 0  # the comparison is not vacuous: greedy misses the best block sometimes
+
+
+def test_mjsd_with_a_perfect_draft_and_a_wide_beam_is_mtjd_with_a_target_token_after_each_block():
+    for seed in range(5):
+        target, _ = random_markov_pair(3, 40, 200 + seed, concentration=0.5)
+        # W >= V^(gamma - 1) keeps every prefix: the beam is the exact joint argmax; ratio 1 accepts it all
+        mjsd = generate(target, target, [0], method="mjsd", gamma=3, width=9, ratio="raw", temperature=0,
+                        max_new_tokens=24).token_ids
+        mtjd = generate(target, None, [0], method="mtjd", gamma=3, bonus=True, temperature=0,
+                        max_new_tokens=24).token_ids
+        assert mjsd == mtjd
+
+
+def test_mtjd_refuses_real_models_and_blocks_it_cannot_enumerate():
+    from tests.conftest import tiny_llama
+
+    with pytest.raises(ValueError, match="only on MarkovLM"):
+        generate(tiny_llama(seed=1), None, [1, 2], method="mtjd", max_new_tokens=4)
+    big = MarkovLM(np.full((50, 50), 1 / 50))
+    with pytest.raises(ValueError, match=r"50\^4 = 6250000 blocks"):
+        generate(big, None, [1], method="mtjd", gamma=4, max_new_tokens=4)
+
+
+def test_mtjd_stays_out_of_the_bench():
+    from multispec.bench import default_methods, parse_method_spec
+
+    assert "mtjd" not in default_methods() and {"mtad", "mjsd", "bild"} <= set(default_methods())
+    with pytest.raises(ValueError, match="only on MarkovLM"):
+        parse_method_spec("mtjd:gamma=2")
+
+
+# -- bild -------------------------------------------------------------------------------------------------------
+
+def test_rollback_cuts_at_the_first_token_the_target_finds_too_unlikely():
+    # -log p of the drafts: 0.69, 2.3, 0.11 -> with tau2 = 1 the second is rolled back, the third never seen
+    target = _rows([0.5, 0.5, 0], [0.1, 0.0, 0.9], [0.9, 0.1, 0], [0, 0, 1.0])
+    tokens = torch.tensor([0, 0, 0])
+    v = rollback_verify(target, tokens, tau2=1.0)
+    assert v.accepted == (0,) and v.next_token == 2 and v.rejected  # from row 1, no residual: token 0 allowed
+    v = rollback_verify(target, tokens, tau2=2.5)
+    assert v.accepted == (0, 1, 2) and v.next_token == 2 and not v.rejected
+    # probability 0 is rolled back whatever tau2
+    zero = _rows([0.0, 1.0], [0.5, 0.5])
+    assert rollback_verify(zero, torch.tensor([0]), tau2=1e9).accepted == ()
+
+
+def test_the_token_after_a_rollback_follows_the_target_row_including_the_rolled_back_token():
+    target = _rows([0.05, 0.35, 0.6], [1.0, 0, 0])
+    counts = np.zeros(3)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4000):
+        counts[rollback_verify(target, torch.tensor([0]), tau2=1.0, generator=gen).next_token] += 1
+    assert np.abs(counts / counts.sum() - [0.05, 0.35, 0.6]).max() < 0.03
+
+
+def test_greedy_bild_is_greedy_ar():
+    for seed in range(4):
+        target, draft = random_markov_pair(5, 40, 300 + seed)
+        ar = generate(target, None, [1], method="ar", temperature=0, max_new_tokens=30).token_ids
+        r = generate(target, draft, [1], method="bild", temperature=0, rollback=3.0, max_new_tokens=30)
+        assert r.token_ids == ar and r.stats["target_calls"] == r.stats["iterations"]
+
+
+def test_bild_hands_over_when_the_draft_is_unsure_and_after_max_unchecked_tokens():
+    target, draft = random_markov_pair(4, 60, 14)
+    sure = generate(target, draft, [0], method="bild", fallback=0.0, max_unchecked=5, rollback=50.0,
+                    max_new_tokens=48, seed=1).stats
+    # nothing has -log p above 50 here: 8 iterations of 5 drafts and a target token
+    assert (sure["iterations"], sure["drafted"], sure["accepted"]) == (8, 40, 40)
+    unsure = generate(target, draft, [0], method="bild", fallback=1.0, max_new_tokens=48, seed=1).stats
+    # every draft distribution peaks below 1: chains of one (the last step, with room for one token, none)
+    assert unsure["iterations"] - 1 <= unsure["drafted"] <= unsure["iterations"] and unsure["iterations"] > 24
+
+
+def test_bild_is_not_target_sampling():
+    report = check_method("bild", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, rollback=2.0, fallback=0.5)
+    assert not report.passed
+
+
+# -- perplexity in the stats -------------------------------------------------------------------------------------
+
+def test_generate_reports_the_outputs_perplexity_under_the_unwarped_target():
+    target, draft = random_markov_pair(4, 30, 15)
+    r = generate(target, draft, [3], method="mtad", top_k=2, max_new_tokens=12, seed=5)
+    expected = _log_likelihood(target, [3], r.token_ids) / 12
+    assert r.stats["mean_logprob"] == pytest.approx(expected, abs=1e-12)
+    assert r.stats["perplexity"] == pytest.approx(math.exp(-expected))
+    assert "perplexity" not in generate(target, draft, [3], method="mtad", max_new_tokens=4, score=False).stats

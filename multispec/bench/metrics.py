@@ -3,39 +3,14 @@ used by the report (medians with quartiles, perplexity aggregated as in seed 000
 
 from __future__ import annotations
 
-import math
 import re
 import string
 from collections.abc import Iterable
 
 import numpy as np
-import torch
 
-from ..models.base import LanguageModel
-
-
-@torch.inference_mode()
-def mean_logprob(target: LanguageModel, prompt_ids: list[int], output_ids: list[int]) -> float | None:
-    """Mean log p_target(token | prefix) over the generated tokens (EOS included when emitted), under the
-    *unwarped* target: a softmax at temperature 1 of raw logits, no top-k / top-p. One forward over
-    prompt + output with a fresh cache; only the rows that predict output tokens are computed.
-    None for an empty output."""
-    if not output_ids:
-        return None
-    tokens = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long)
-    n = len(output_ids)
-    # the row after token i predicts token i + 1: keep the n + 1 last rows and drop the final one
-    logits = target.forward(target.new_cache(), tokens, logits_to_keep=n + 1)[0, :-1]
-    logp = torch.log_softmax(logits.double(), dim=-1)
-    picked = logp.gather(-1, torch.tensor(output_ids, device=logp.device)[:, None])
-    return float(picked.mean())
-
-
-def perplexity(mean_logprobs: Iterable[float | None]) -> float | None:
-    """Seed 000's aggregate: exp(-mean over outputs of each output's mean log-prob)."""
-    values = [v for v in mean_logprobs if v is not None]
-    return math.exp(-sum(values) / len(values)) if values else None
-
+from ..likelihood import mean_logprob as mean_logprob  # re-exported: the bench scores outputs with it
+from ..likelihood import perplexity as perplexity
 
 _ROUGE = None
 

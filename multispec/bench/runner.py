@@ -64,13 +64,15 @@ def parse_method_spec(text: str) -> MethodSpec:
         known = ", ".join([*sorted(METHODS), *BASELINES])
         raise ValueError(f"unknown method {name!r}; known methods: {known} (hf* are the bench's baselines)")
     method = METHODS[name]
+    if method.markov_only:
+        raise ValueError(f"method {name!r} runs only on MarkovLM test models, not in a bench of real models")
     params = method.resolve(given)
     return MethodSpec(label, name, params, method.draft_use(params) == "required")
 
 
 def default_methods(with_draft: bool = True) -> list[str]:
     """Every registered method at its defaults, then the hf baselines (those needing a draft only with one)."""
-    names = [*sorted(METHODS, key=lambda n: (n != "ar", n)), *BASELINES]
+    names = [*sorted((n for n in METHODS if not METHODS[n].markov_only), key=lambda n: (n != "ar", n)), *BASELINES]
     return [n for n in names if with_draft or not _needs_draft(n)]
 
 
@@ -286,7 +288,7 @@ def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed) -> tuple
                            lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0)
     r = generate(target, draft, ids, method=spec.name, max_new_tokens=max_new_tokens,
                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
-                 **spec.params)
+                 score=False, **spec.params)  # scored in `_measure`, for the hf baselines too
     return r.token_ids, r.stats
 
 

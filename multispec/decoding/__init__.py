@@ -12,7 +12,7 @@ from typing import Any
 
 from ..drafters import DRAFTERS
 from ..trees import parse_k_config
-from . import ar, beam, joint, sd, tree
+from . import ar, beam, bild, joint, mtjd, sd, tree
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Method:
     params: dict[str, Param] = field(default_factory=dict)
     # internal keyword arguments (e.g. a verifier for tests); not exposed to the CLI
     hidden: tuple[str, ...] = ()
+    # runs only on the exact small test models (`MarkovLM`): never on a loaded model, never in bench defaults
+    markov_only: bool = False
 
     def draft_use(self, params: dict[str, Any]) -> str:
         """'required', 'optional' (used where given: `drafter=hybrid`) or 'none' for resolved `params`."""
@@ -216,3 +218,21 @@ register(Method("mjsd", joint.decode_mjsd, needs_draft=True, exact=LOSSY,
                 summary="multi-token joint speculative decoding: beam-decoded draft block, joint-ratio acceptance "
                         "(seed 001)",
                 params=_joint_params(True)))
+register(Method("mtjd", mtjd.decode, needs_draft=False, exact="reference: the target's exact joint over blocks",
+                summary="exact multi-token joint decoding by enumerating every block (MarkovLM test models only)",
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "tokens per block"),
+                        "bonus": Param(bool, False, rule="true or false",
+                                       help="one token from the target after each block, as the joint methods "
+                                            "draw one")},
+                markov_only=True))
+register(Method("bild", bild.decode, needs_draft=True, exact="lossy by design: the target keeps draft tokens it "
+                "finds likely enough",
+                summary="Big Little Decoder baseline: the target checks the draft when it is unsure (seeds 000/001)",
+                params={"fallback": Param(float, 0.9, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                                          "hand over to the target after a draft token drawn from a distribution "
+                                          "whose largest probability is below this"),
+                        "rollback": Param(float, 1.0, lambda v: v >= 0, "a number >= 0",
+                                          "roll back at the first draft token whose -log target probability "
+                                          "exceeds this"),
+                        "max_unchecked": Param(int, 10, lambda v: v >= 1, "an integer >= 1",
+                                               "draft tokens before the target checks them anyway")}))

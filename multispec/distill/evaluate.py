@@ -54,7 +54,7 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
     for i, prompt in enumerate(prompts):
         for key, temperature in (("t1", 1.0), ("t0", 0.0)):
             ref = generate(target, None, prompt, method="ar", temperature=temperature,
-                           max_new_tokens=max_new_tokens, seed=seed + i)
+                           max_new_tokens=max_new_tokens, seed=seed + i, score=False)
             if not ref.token_ids:
                 continue
             seq, start = ref.prompt_ids + ref.token_ids, len(ref.prompt_ids)

@@ -66,7 +66,7 @@ def predict_and_measure(target, draft, prompts: list[str], gamma: int = 4, max_n
     out = []
     for i, prompt in enumerate(prompts):
         kw = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
-        ref = generate(target, None, prompt, method="ar", max_new_tokens=max_new_tokens, seed=seed + i, **kw)
+        ref = generate(target, None, prompt, method="ar", max_new_tokens=max_new_tokens, seed=seed + i, score=False, **kw)
         tvs = per_position_tv(target, draft, ref.prompt_ids, ref.token_ids, sampling)
         accept = 1 - tvs
         a = float(accept.mean())
@@ -75,7 +75,7 @@ def predict_and_measure(target, draft, prompts: list[str], gamma: int = 4, max_n
         m_acc = m_tau = None
         if measure:
             st = generate(target, draft, prompt, method="sd", gamma=gamma, max_new_tokens=max_new_tokens,
-                          seed=seed + 10_000 + i, **kw).stats
+                          seed=seed + 10_000 + i, score=False, **kw).stats
             examined = st["accepted"] + st["rejections"]
             m_acc = st["accepted"] / examined if examined else None
             m_tau = st["block_efficiency"]

@@ -30,7 +30,7 @@ def rejections_per_run(
     out = np.empty(runs)
     for r in range(runs):
         res = generate(target_lm, draft_lm, [int(starts[r])], method=method, max_new_tokens=horizon,
-                       seed=seed * 1_000_003 + r, **params)
+                       seed=seed * 1_000_003 + r, score=False, **params)
         out[r] = res.stats["rejections"]
     return out
 
@@ -49,7 +49,7 @@ def first_token_law(draft_row: np.ndarray, target_row: np.ndarray, runs: int, me
     rejected = 0
     for r in range(runs):
         res = generate(target_lm, draft_lm, [0], method=method, max_new_tokens=1, seed=seed * 1_000_003 + r,
-                       gamma=1, bonus=False, **params)
+                       gamma=1, bonus=False, score=False, **params)
         counts[res.token_ids[0]] += 1
         rejected += res.stats["rejections"]
     return counts / runs, rejected / runs

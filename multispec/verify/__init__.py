@@ -11,7 +11,8 @@ from .multi import (
     tree_verify,
     without_replacement_rejection,
 )
+from .rollback import rollback_verify
 from .verdict import Verdict
 
 __all__ = ["NODE_RULES", "Verdict", "batch_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
-           "residual", "speculative_verify", "tree_verify", "without_replacement_rejection"]
+           "residual", "rollback_verify", "speculative_verify", "tree_verify", "without_replacement_rejection"]
