@@ -35,6 +35,7 @@ class ModelRunner:
         self.seconds = 0.0
         self.tree: TokenTree | None = None  # the tree the tentative entries belong to (None: a chain)
         self.paths: list[list[int]] | None = None  # with `feed_paths`: the path each cache row holds
+        self.rows = 1  # cache rows, one per hypothesis (`feed_rows` / `commit_rows`)
 
     def feed(
         self,
@@ -54,6 +55,8 @@ class ModelRunner:
         pending = tokens[self.committed :]
         if (pending and self.tentative) or self.paths is not None:
             raise RuntimeError("committed tokens cannot be fed after tentative entries; commit first")
+        if self.rows != 1:
+            raise RuntimeError(f"the cache holds {self.rows} hypotheses: use feed_rows")
         n_extra = 0 if extra is None else extra.shape[-1]
         device = self.model.device
         parts = [torch.tensor(pending, dtype=torch.long, device=device)] if pending else []
@@ -115,14 +118,86 @@ class ModelRunner:
         self.tree, self.paths = tree, paths
         return logits[rows, cols]
 
-    def forward_rows(self, tokens: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
-        """A batched forward of [B, n] tokens on the cache rows as they stand (beams); logits [B, n, V].
-        The caller owns the rows' bookkeeping."""
+    # -- several hypotheses, one cache row each ------------------------------------------------
+    def feed_rows(self, rows: list[list[int]], entries: list[list[tuple[int, int, tuple[int, ...]]]] | None = None
+                  ) -> torch.Tensor:
+        """One forward over every cache row, row b holding hypothesis b.
+
+        rows:    each hypothesis' committed tokens, all of one length; each row's uncached ones are fed first
+                 (the same number in every row).
+        entries: per row, new tentative entries (token, depth, seen): `seen` are the row's tentative offsets
+                 it attends to besides itself (its ancestors, fed earlier or earlier in this list). Entry i of
+                 a row gets the offset `tentative + i` (this runner's count before the call); its position is
+                 the row's length - 1 + depth. Shorter rows are padded with entries that see only committed
+                 tokens and are never kept.
+        Returns logits [B, k + S, V] (S the most entries per row): when tokens were pending (k = 1), the
+        distribution after each row's last committed token, then one per entry.
+        """
+        if len(rows) != self.rows or self.paths is not None:
+            raise RuntimeError(f"{len(rows)} hypotheses fed to a cache of {self.rows} rows")
+        length = len(rows[0])
+        if any(len(r) != length for r in rows):
+            raise ValueError("hypotheses fed together must have one length")
+        n_pending = length - self.committed
+        if n_pending < 0 or (n_pending and self.tentative):
+            raise RuntimeError("committed tokens cannot be fed after tentative entries; commit first")
+        entries = entries or [[] for _ in rows]
+        width = max(len(e) for e in entries)
+        n = n_pending + width
+        if n == 0:
+            raise RuntimeError("nothing to feed: every committed token is cached and no entries were given")
+        b_rows = len(rows)
+        tokens = torch.zeros(b_rows, n, dtype=torch.long)
+        positions = torch.empty(b_rows, n, dtype=torch.long)
+        positions[:, :n_pending] = torch.arange(self.committed, length)
+        positions[:, n_pending:] = length  # padding: one step past the row, seeing only its committed tokens
+        mask = None
+        if width:
+            past = self.committed + self.tentative
+            mask = torch.zeros(b_rows, n, past + n, dtype=torch.bool)
+            # keys: committed tokens at [0, length), tentative offset t at length + t
+            mask[:, :n_pending, : self.committed] = True
+            mask[:, :n_pending, self.committed : length] = torch.ones(n_pending, n_pending, dtype=torch.bool).tril()
+            mask[:, n_pending:, :length] = True
+            mask[:, n_pending:, length + self.tentative :] = torch.eye(width, dtype=torch.bool)  # itself
+        for b, (row, row_entries) in enumerate(zip(rows, entries, strict=True)):
+            tokens[b, :n_pending] = torch.tensor(row[self.committed :], dtype=torch.long)
+            for i, (token, depth, seen) in enumerate(row_entries):
+                tokens[b, n_pending + i] = token
+                positions[b, n_pending + i] = length - 1 + depth
+                if seen:
+                    mask[b, n_pending + i, [length + t for t in seen]] = True
+        device = self.model.device
         t0 = time.perf_counter()
-        logits = self.model.forward(self.cache, tokens.to(self.model.device), positions, mask)
+        logits = self.model.forward(self.cache, tokens.to(device), positions.to(device),
+                                    None if mask is None else mask.to(device),
+                                    logits_to_keep=width + (1 if n_pending else 0))
         self.seconds += time.perf_counter() - t0
         self.calls += 1
+        self.committed = length
+        self.tentative += width
         return logits
+
+    def commit_rows(self, new_length: int, sources: list[int], kept: list[list[int]]) -> None:
+        """The hypotheses are now len(sources) rows of `new_length` committed tokens: new row r continues old
+        row sources[r] and keeps its tentative entries kept[r] (a path, depth order; one length for all),
+        which become committed; all other tentative entries are dropped. Several new rows may continue one
+        old row: each gets its own copy. The last committed token of every row stays uncached."""
+        if not sources or len(kept) != len(sources):
+            raise ValueError("commit_rows needs one list of kept entries per new row")
+        if any(not 0 <= r < self.rows for r in sources):
+            raise RuntimeError(f"rows {sources} do not all exist in a cache of {self.rows} rows")
+        if len({len(k) for k in kept}) != 1 or any(not 0 <= t < self.tentative for k in kept for t in k):
+            raise RuntimeError(f"cannot keep entries {kept}: paths of one length among {self.tentative} fed")
+        keep = max(0, min(len(kept[0]), new_length - 1 - self.committed))
+        self.model.select_rows(self.cache, torch.tensor(sources, dtype=torch.long))
+        if self.tentative:
+            index = [list(range(self.committed)) + [self.committed + t for t in k[:keep]] for k in kept]
+            self.model.keep_positions(self.cache, torch.tensor(index, dtype=torch.long))
+        self.committed += keep
+        self.tentative = 0
+        self.rows = len(sources)
+        self.tree = self.paths = None
 
     def commit(self, new_length: int, kept: list[int]) -> None:
         """The committed sequence is now `new_length` tokens long; `kept` (tentative offsets, a path down
@@ -234,19 +309,7 @@ class Session:
         proposal's depth when it differs from `drafted` (several chains); `draft_entries`: the draft cache's
         entry for each proposed node, when the draft fed a different tree (beam drafting)."""
         self.append(verdict.new_tokens)
-        accepted = len(verdict.accepted)
-        depth = drafted if depth is None else depth
-        self.counters["iterations"] += 1
-        self.counters["drafted"] += drafted
-        self.counters["nodes"] += drafted if nodes is None else nodes
-        self.counters["accepted"] += accepted
-        self.counters["rejections"] += int(verdict.rejected)
-        if depth:
-            _bump(self.accepted_lengths, accepted)
-            for i in range(min(accepted + 1, depth)):
-                _bump(self.position_tries, i)
-            for i in range(accepted):
-                _bump(self.position_accepts, i)
+        self.count(len(verdict.accepted), verdict.rejected, drafted, nodes, depth)
         for runner in (self.target, self.draft):
             if runner is None:
                 continue
@@ -257,6 +320,22 @@ class Session:
                 accepted = [draft_entries[g] for g in accepted]
             cached = list(itertools.takewhile(lambda g, r=runner: g < r.tentative, accepted))
             runner.commit(len(self.tokens), cached)
+
+    def count(self, accepted: int, rejected: bool, drafted: int = 0, nodes: int | None = None,
+              depth: int | None = None) -> None:
+        """Count one iteration: `accepted` of its `drafted` positions passed (see `commit`)."""
+        depth = drafted if depth is None else depth
+        self.counters["iterations"] += 1
+        self.counters["drafted"] += drafted
+        self.counters["nodes"] += drafted if nodes is None else nodes
+        self.counters["accepted"] += accepted
+        self.counters["rejections"] += int(rejected)
+        if depth:
+            _bump(self.accepted_lengths, accepted)
+            for i in range(min(accepted + 1, depth)):
+                _bump(self.position_tries, i)
+            for i in range(accepted):
+                _bump(self.position_accepts, i)
 
     def append(self, tokens: list[int]) -> None:
         """Append tokens to the output, cutting at EOS and at the budget."""

@@ -15,14 +15,15 @@ from .models.base import LanguageModel
 def mean_logprob(target: LanguageModel, prompt_ids: list[int], output_ids: list[int]) -> float | None:
     """Mean log target(token | prefix) over the generated tokens (EOS included when emitted), under the
     unwarped target: a softmax at temperature 1 of raw logits, no top-k / top-p. One forward over
-    prompt + output with a fresh cache; only the rows that predict output tokens are computed.
+    prompt + output (but its last token) with a fresh cache; only the rows that predict output tokens are computed.
     None for an empty output."""
     if not output_ids:
         return None
-    tokens = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long)
+    # the row after token i predicts token i + 1: the last output token is never fed (it predicts nothing
+    # asked for, and a model may have no position for it)
+    tokens = torch.tensor([list(prompt_ids) + list(output_ids)[:-1]], dtype=torch.long)
     n = len(output_ids)
-    # the row after token i predicts token i + 1: keep the n + 1 last rows and drop the final one
-    logits = target.forward(target.new_cache(), tokens, logits_to_keep=n + 1)[0, :-1]
+    logits = target.forward(target.new_cache(), tokens, logits_to_keep=n)[0]
     logp = torch.log_softmax(logits.double(), dim=-1)
     picked = logp.gather(-1, torch.tensor(output_ids, device=logp.device)[:, None])
     return float(picked.mean())

@@ -15,6 +15,7 @@ import torch
 
 from .engine import Session
 from .trees import TokenTree
+from .verify.beam import beam_distribution
 from .verify.verdict import Verdict
 
 
@@ -222,7 +223,8 @@ class BeamDraft(Proposer):
             logq_rows = self._logq(s, logits)  # [B, V]
             base = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
             base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
-            ranking = self._ranking(s, logits)  # [B, V] per-token log-scores that rank the beams
+            # [B, V] per-token log-scores that rank the beams (beam sampling on the warped draft: logq itself)
+            ranking = logq_rows if self._ranks_by_logq(s) else self._ranking(s, logits)
             joint = base[:, None].to(ranking.device) + ranking  # [B, V]
             picks = self._pick(s, joint.reshape(-1))
             start = len(tokens)
@@ -256,6 +258,9 @@ class BeamDraft(Proposer):
             return torch.log_softmax(logits.double(), -1)
         return torch.log(s.sampling.probs(logits).double())
 
+    def _ranks_by_logq(self, s: Session) -> bool:
+        return not self.raw and not (self.deterministic or s.sampling.greedy)
+
     def _ranking(self, s: Session, logits: torch.Tensor) -> torch.Tensor:
         """Beam decoding ranks by the raw draft (seed 001 §2.3), beam sampling by the warped one (seed 000)."""
         if self.deterministic or s.sampling.greedy:
@@ -265,9 +270,68 @@ class BeamDraft(Proposer):
     def _pick(self, s: Session, joint: torch.Tensor) -> torch.Tensor:
         """W flat (beam, token) indices: the best (deterministic, or greedy sampling), or drawn without
         replacement with weights softmax(joint); fewer when the support is smaller than W."""
-        finite = int(torch.isfinite(joint).sum())
-        k = min(self.width, finite)
+        support = torch.isfinite(joint).nonzero().flatten()  # the warped rows leave few candidates
+        k = min(self.width, support.numel())
         if self.deterministic or s.sampling.greedy:
             return torch.topk(joint, k).indices
-        weights = torch.softmax(joint, -1)
-        return torch.multinomial(weights.float(), k, replacement=False, generator=s.generator)
+        weights = torch.softmax(joint[support], -1)
+        return support[torch.multinomial(weights.float(), k, replacement=False, generator=s.generator)]
+
+
+
+@dataclass
+class ForestLayer:
+    parents: torch.Tensor  # [m] each node's parent: a position in the previous layer (layer 1: an input beam)
+    tokens: torch.Tensor  # [m]
+    draft_beam: torch.Tensor  # [P * V] float64: the draft's beam distribution the layer was drawn from
+
+
+@dataclass
+class Forest:
+    """A draft forest over several input beams (seed 003 §3.2, step 1), layer by layer."""
+    layers: list[ForestLayer]
+    roots: list[list[int]]  # per layer, per node: the input beam (cache row) it descends from
+    draft_paths: list[list[list[int]]]  # per layer, per node: the draft cache offsets of its fed path
+
+
+class ForestDraft:
+    """Beam sampling on the draft from every input beam: layer l holds `width` nodes drawn i.i.d. (with
+    replacement, kept in draw order) from the draft's beam distribution over (node of layer l - 1, token),
+    the input beams' `scores` (the session passes their joint target log-likelihoods; the authors' code
+    starts from 0; any weights keep the method exact, these make the draft's first layer agree with the
+    target's where the models agree) plus the raw draft log-probabilities along the path, warped jointly. Every node of a layer is a parent at the next,
+    whatever the target will say of it. Each node lives in its input beam's draft cache row, as a tree
+    with an ancestor-only mask; one draft forward per layer but the last, over all rows."""
+
+    def propose(self, s: Session, rows: list[list[int]], width: int, depth: int,
+                scores: torch.Tensor | None = None) -> Forest:
+        runner = s.draft
+        logits = runner.feed_rows(rows)[:, -1]  # [B, V]: after each input beam
+        scores = (torch.zeros(len(rows), dtype=torch.float64) if scores is None else scores.double()).to(logits.device)
+        paths: list[list[int]] = [[] for _ in rows]
+        roots = list(range(len(rows)))
+        forest = Forest([], [], [])
+        for d in range(1, depth + 1):
+            logq = torch.log_softmax(logits.double(), -1)  # [P, V]
+            vocab = logq.shape[-1]
+            beam = beam_distribution(scores, logq, s.sampling)
+            picks = torch.multinomial(beam.float(), width, replacement=True, generator=s.generator)
+            at, tokens = picks // vocab, picks % vocab
+            scores = scores[at] + logq[at, tokens]
+            roots = [roots[a] for a in at.tolist()]
+            paths = [list(paths[a]) for a in at.tolist()]
+            forest.layers.append(ForestLayer(at, tokens, beam))
+            if d < depth:  # the deepest layer is never fed to the draft model
+                entries: list[list] = [[] for _ in rows]
+                where = []
+                for j, (root, token) in enumerate(zip(roots, tokens.tolist(), strict=True)):
+                    entries[root].append((token, d, tuple(paths[j])))
+                    where.append((root, len(entries[root]) - 1))
+                base = runner.tentative
+                out = runner.feed_rows(rows, entries)  # [B, S, V]
+                logits = torch.stack([out[b, i] for b, i in where])
+                for j, (_, i) in enumerate(where):
+                    paths[j].append(base + i)
+            forest.roots.append(roots)
+            forest.draft_paths.append(paths)
+        return forest

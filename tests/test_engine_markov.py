@@ -140,3 +140,14 @@ def test_confidence_ends_draft_chains_early():
     # in between, some chains stop early and some run to gamma
     mid = run(gamma=3, confidence=0.4).stats
     assert mid["iterations"] < mid["drafted"] < 3 * mid["iterations"] - 2  # (the last chain may be cut by the budget)
+
+
+def test_beams_answer_rule_is_the_length_penalty():
+    # after 0: EOS (2) with 0.5, else 1 with 0.3; after 1: 1 again with 0.9. The one-token answer [EOS] has the
+    # higher total log-likelihood (-0.69 against -1.41 for [1, 1, 1]), [1, 1, 1] the higher mean (-0.47)
+    table = [[0.2, 0.3, 0.5], [0.05, 0.9, 0.05], [1 / 3, 1 / 3, 1 / 3]]
+    t = MarkovLM(table, eos_token_id=2)
+    kw = {"method": "beam", "width": 3, "deterministic": True, "max_new_tokens": 3}
+    assert generate(t, None, [0], **kw).token_ids == [1, 1, 1]  # default 1: the mean per token
+    assert generate(t, None, [0], length_penalty=0.0, **kw).token_ids == [2]
+    assert generate(t, None, [0], length_penalty=1.0, **kw).token_ids == [1, 1, 1]

@@ -32,3 +32,21 @@ def sorted_rejection(target, draft, candidates, generator=None):
     order = torch.argsort(draft[candidates], descending=True, stable=True)
     index, token = without_replacement_rejection(target, draft, candidates[order], generator)
     return (None if index is None else int(order[index])), token
+
+
+def dropping_beam_layer_verify(target_beam, draft_beam, drafts, live, width, out_width, generator=None):
+    """Wrong (seed 003 §4.4 item 1, the paper-literal reading): drafts whose parent was rejected are skipped
+    without updating the residual, while the draft distribution is left un-renormalised."""
+    from multispec.verify import beam_layer_verify
+
+    keep = live.nonzero().flatten()
+    v = beam_layer_verify(target_beam, draft_beam, drafts[keep], live[keep], width, out_width, generator)
+    return Verdict(tuple(int(keep[j]) for j in v.accepted), v.tokens, v.next_token, v.rejected, v.extra)
+
+
+def reversed_ratio_layer_verify(target_beam, draft_beam, drafts, live, width, out_width, generator=None):
+    """Wrong (the typo in seed 003's Algorithm 1): accept with min(1, draft / running) instead of
+    running / draft."""
+    from multispec.verify import beam_layer_verify
+
+    return beam_layer_verify(draft_beam, target_beam, drafts, live, width, out_width, generator)

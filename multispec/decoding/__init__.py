@@ -12,7 +12,7 @@ from typing import Any
 
 from ..drafters import DRAFTERS
 from ..trees import parse_k_config
-from . import ar, beam, bild, joint, mtjd, sd, tree
+from . import ar, beam, bild, dsbd, joint, mtjd, sd, tree
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,9 @@ class Method:
             out[key] = value
         for key, spec in self.params.items():
             out.setdefault(key, spec.default)
-        if out.get("min_ngram", 1) > out.get("max_ngram", 1 << 30):
-            raise ValueError(f"min_ngram ({out['min_ngram']}) must not exceed max_ngram ({out['max_ngram']})")
+        for low, high in (("min_ngram", "max_ngram"), ("min_width", "draft_width")):
+            if low in out and high in out and out[low] > out[high]:
+                raise ValueError(f"{low} ({out[low]}) must not exceed {high} ({out[high]})")
         return out
 
 
@@ -116,11 +117,15 @@ def get_method(name: str) -> Method:
 
 register(Method("ar", ar.decode, needs_draft=False, exact="reference",
                 summary="target-only sampling (greedy at temperature 0)"))
+LENGTH_PENALTY = Param(float, 1.0, lambda v: -10 <= v <= 10, "a number in [-10, 10]",
+                       "the answer is the beam with the highest log-likelihood / length ** this: 1 the mean "
+                       "per token (its perplexity), 0 the total (favours short answers)")
 register(Method("beam", beam.decode, needs_draft=False, exact="reference",
                 summary="target-only beam sampling, or deterministic beam search",
                 params={"width": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "beam width W"),
                         "deterministic": Param(bool, False, rule="true or false",
-                                               help="keep the W best extensions instead of sampling")}))
+                                               help="keep the W best extensions instead of sampling"),
+                        "length_penalty": LENGTH_PENALTY}))
 def drafter_params(tree: bool = False) -> dict[str, Param]:
     what = "the model's tree with the copied chain as one more branch" if tree else "the model elsewhere"
     return {
@@ -236,3 +241,23 @@ register(Method("bild", bild.decode, needs_draft=True, exact="lossy by design: t
                                           "exceeds this"),
                         "max_unchecked": Param(int, 10, lambda v: v >= 1, "an integer >= 1",
                                                "draft tokens before the target checks them anyway")}))
+register(Method("dsbd", dsbd.decode, needs_draft=True,
+                exact="width_threshold=0 keeps beam's law (draft_width=1: ar's); a dynamic width changes the "
+                      "schedule, one_cache keeps no known law",
+                summary="dynamic-width speculative beam decoding: a draft forest from every beam, verified "
+                        "layer by layer (seed 003)",
+                params={"gamma": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "draft layers per target call"),
+                        "draft_width": Param(int, 3, lambda v: v >= 1, "an integer >= 1",
+                                             "draft beams per layer W_S, and the beams kept"),
+                        "width_threshold": Param(float, 0.7, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                                                 "a layer needs the largest K with P(at least K drafts "
+                                                 "accepted) >= this; 0: all draft_width (fixed width)"),
+                        "min_width": Param(int, 1, lambda v: v >= 1, "an integer >= 1",
+                                           "the least a layer must accept (W_min)"),
+                        "one_cache": Param(bool, False, rule="true or false",
+                                           help="keep one beam per iteration: one cache row per model"),
+                        "output": Param(str, "best", lambda v: v in ("best", "sample"), "'best' or 'sample'",
+                                        "with one_cache, the beam kept: the most likely under the target (the "
+                                        "paper), or the drawn one (the authors' code)"),
+                        "length_penalty": LENGTH_PENALTY},
+                hidden=("layer_rule",)))

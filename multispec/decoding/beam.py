@@ -4,9 +4,10 @@ Each step scores every one-token extension (beam i, token v) by its joint log-li
 s_i + log p(v | beam i) under the unwarped target, warps that flattened [beams x V] vector jointly
 (temperature, top-k, top-p) and draws W extensions from it with replacement (specs/seed-003 §3.1, B2).
 Deterministic beam search keeps the W best extensions instead; temperature 0 means that too. A beam
-ending in EOS is finished and leaves the active set with its length-normalised score; the output is
-the finished or final beam with the highest length-normalised score. One target forward per step, all
-beams in one batch; the KV cache rows follow the beams' parents.
+ending in EOS is finished and leaves the active set; the output is the finished or final beam with the
+highest joint log-likelihood / length ** `length_penalty` (`answer`). One target forward per step, all
+beams in one batch: the hypotheses are the runner's cache rows (`feed_rows`), which follow the beams'
+parents at each step (`commit_rows`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,22 @@ import torch
 from ..engine import Session
 
 
-def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
-    model = s.target_model
+def answer(candidates: list[tuple[float, list[int]]], length_penalty: float) -> list[int]:
+    """The output among (joint log-likelihood, generated tokens) candidates: the highest
+    log-likelihood / length ** length_penalty (transformers' name and formula). 1 (the default) ranks by
+    the mean log-likelihood per token, the perplexity the outputs are judged by; 0 by the total, which
+    favours short answers; values between trade the two."""
+    return max(candidates, key=lambda c: c[0] / max(1, len(c[1])) ** length_penalty)[1]
+
+
+def decode(s: Session, width: int = 4, deterministic: bool = False, length_penalty: float = 1.0) -> None:
     budget = s.budget()
     if budget <= 0:
         return
     deterministic = deterministic or s.sampling.greedy
     runner = s.target
-    logits = runner.feed(s.tokens)[-1:]  # [1, V]: after the prompt
+    rows = [list(s.tokens)]  # the hypotheses: committed tokens, one cache row each
+    logits = runner.feed_rows(rows)[:, -1]  # [1, V]: after the prompt
     device = logits.device
     beams = torch.empty(1, 0, dtype=torch.long, device=device)  # generated tokens per active beam
     scores = torch.zeros(1, dtype=logits.dtype, device=device)  # raw joint log-likelihoods
@@ -44,15 +53,14 @@ def decode(s: Session, width: int = 4, deterministic: bool = False) -> None:
         if stops.numel():
             ended = torch.isin(tokens, stops)
             for i in ended.nonzero().flatten().tolist():
-                finished.append((float(scores[i]) / (step + 1), beams[i].tolist()))
+                finished.append((float(scores[i]), beams[i].tolist()))
             keep = ~ended
             parents, tokens, beams, scores = parents[keep], tokens[keep], beams[keep], scores[keep]
         if len(tokens) == 0 or step + 1 == budget:
             break
-        model.select_rows(runner.cache, parents)
-        logits = runner.forward_rows(tokens[:, None])[:, -1]
-    length = beams.shape[1]
-    candidates = finished + [(float(sc) / length, b.tolist()) for sc, b in zip(scores, beams, strict=True)]
-    best = max(candidates, key=lambda c: c[0])[1]
-    s.append(best)
+        rows = [rows[p] + [t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
+        runner.commit_rows(len(rows[0]), parents.tolist(), [[] for _ in rows])
+        logits = runner.feed_rows(rows)[:, -1]
+    candidates = finished + [(float(sc), b.tolist()) for sc, b in zip(scores, beams, strict=True)]
+    s.append(answer(candidates, length_penalty))
     s.counters["iterations"] += 1

@@ -66,7 +66,8 @@ class LanguageModel(ABC):
 
     @abstractmethod
     def keep_positions(self, cache: Any, positions: torch.Tensor) -> None:
-        """Keep only the given sequence positions (same for every row), in the given order."""
+        """Keep only the given sequence positions, in the given order: [L] the same for every row, or
+        [B, L] one list per row."""
 
     # Text, for backends with a tokenizer.
     def encode(self, text: str, chat: bool = True) -> list[int]:

@@ -93,10 +93,19 @@ class HFModel(LanguageModel):
 
     def keep_positions(self, cache, positions: torch.Tensor) -> None:
         positions = positions.to(self.device)
+        per_row = positions.dim() == 2
         if self.sliding_window:
-            cache.key_positions = cache.key_positions[:, positions]
+            kp = cache.key_positions
+            cache.key_positions = (kp.expand(positions.shape[0], -1).gather(1, positions) if per_row
+                                   else kp[:, positions])
         for layer in cache.layers:
-            if layer.is_initialized:
+            if not layer.is_initialized:
+                continue
+            if per_row:  # keys [B, heads, L, d]: row b keeps positions[b]
+                index = positions[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+                layer.keys = layer.keys.gather(2, index)
+                layer.values = layer.values.gather(2, index)
+            else:
                 layer.keys = layer.keys.index_select(-2, positions)
                 layer.values = layer.values.index_select(-2, positions)
 

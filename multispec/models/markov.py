@@ -63,7 +63,7 @@ class MarkovLM(LanguageModel):
         cache.batch = len(rows)
 
     def keep_positions(self, cache, positions):
-        cache.length = len(positions)
+        cache.length = positions.shape[-1]
 
     # Exact distributions, for tests and the checker.
     def conditionals(self, position: int) -> torch.Tensor:
@@ -159,7 +159,12 @@ class HistoryLM(LanguageModel):
         cache.tokens, cache.positions = cache.tokens[rows], cache.positions[rows]
 
     def keep_positions(self, cache, positions):
-        cache.tokens, cache.positions = cache.tokens[:, positions], cache.positions[:, positions]
+        if positions.dim() == 2:  # one list per row
+            rows = positions.shape[0]
+            cache.tokens = cache.tokens.expand(rows, -1).gather(1, positions)
+            cache.positions = cache.positions.expand(rows, -1).gather(1, positions)
+        else:
+            cache.tokens, cache.positions = cache.tokens[:, positions], cache.positions[:, positions]
 
     def sequence_distribution(self, prompt: list[int], n: int, sampling: Sampling | None = None):
         sampling = sampling or Sampling()

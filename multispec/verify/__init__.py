@@ -1,6 +1,7 @@
 """Verification rules: pure functions on probability vectors. No models, no caches. Every rule returns a
 `Verdict`."""
 
+from .beam import acceptance_count_law, beam_distribution, beam_layer_verify, dynamic_width, forest_verify
 from .chain import relaxed_verify, residual, speculative_verify
 from .joint import joint_verify
 from .multi import (
@@ -14,5 +15,6 @@ from .multi import (
 from .rollback import rollback_verify
 from .verdict import Verdict
 
-__all__ = ["NODE_RULES", "Verdict", "batch_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
+__all__ = ["NODE_RULES", "Verdict", "acceptance_count_law", "batch_verify", "beam_distribution", "beam_layer_verify",
+           "dynamic_width", "forest_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
            "residual", "rollback_verify", "speculative_verify", "tree_verify", "without_replacement_rejection"]

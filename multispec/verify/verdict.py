@@ -15,13 +15,16 @@ class Verdict:
     next_token: the token drawn from the target after the accepted path (from the residual after a
                 rejection, or the target's own row at a fully accepted path); None only when every draft
                 passed and no bonus token was asked for;
-    rejected:   whether the walk stopped at a rejection rather than at the end of the proposal.
+    rejected:   whether the walk stopped at a rejection rather than at the end of the proposal;
+    extra:      further independent draws from the target after the accepted path (beam layers that fill
+                their width; see `beam_layer_verify`), empty for single-sequence rules.
     """
 
     accepted: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
     next_token: int | None = None
     rejected: bool = False
+    extra: tuple[int, ...] = ()
 
     @property
     def new_tokens(self) -> list[int]:
