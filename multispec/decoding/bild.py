@@ -15,17 +15,13 @@ from __future__ import annotations
 
 from ..engine import Session
 from ..proposers import DraftChain
-from ..verify import Verdict, rollback_verify
-from .ar import target_step
+from ..verify import rollback_verify
+from .ar import draft_depths
 
 
 def decode(s: Session, fallback: float = 0.9, rollback: float = 1.0, max_unchecked: int = 10) -> None:
     proposer = DraftChain(fallback=fallback)
-    while not s.done:
-        g = s.draft_depth(max_unchecked)
-        if g <= 0:  # room for one token only: a plain target step
-            s.commit(Verdict.token(target_step(s)))
-            continue
+    for g in draft_depths(s, max_unchecked):
         proposal = proposer.propose(s, (1,) * g)
         target_probs = s.sampling.probs(s.target.feed(s.tokens, proposal.tokens))
         verdict = rollback_verify(target_probs, proposal.tokens, rollback, s.generator)

@@ -20,8 +20,8 @@ import torch
 
 from ..engine import Session
 from ..proposers import BeamDraft
-from ..verify import Verdict, joint_verify
-from .ar import target_step
+from ..verify import joint_verify
+from .ar import draft_depths
 
 
 def decode_mtad(s: Session, gamma: int = 4, width: int = 8, tau: float = 0.1, ratio: str = "warped",
@@ -35,11 +35,7 @@ def decode_mjsd(s: Session, gamma: int = 4, width: int = 8, tau: float = 0.1, ra
 
 
 def _joint(s: Session, proposer: BeamDraft, gamma: int, tau: float, ratio: str, threshold: str) -> None:
-    while not s.done:
-        g = s.draft_depth(gamma)
-        if g <= 0:  # room for one token only: a plain target step
-            s.commit(Verdict.token(target_step(s)))
-            continue
+    for g in draft_depths(s, gamma):
         proposal = proposer.propose(s, (1,) * g)
         logits = s.target.feed(s.tokens, proposal.tokens)  # [g + 1, V]
         warped = s.sampling.probs(logits)

@@ -20,7 +20,7 @@ from ..engine import Session
 from ..proposers import Proposer
 from ..trees import parse_k_config
 from ..verify import Verdict, naive_rejection, recursive_rejection, tree_verify, without_replacement_rejection
-from .ar import target_step
+from .ar import draft_depths, target_step
 
 
 def speculate_tree(
@@ -34,11 +34,7 @@ def speculate_tree(
 ) -> None:
     """The shared loop. `drafted_per_depth`: draft positions counted per depth (1 for a tree, M for M
     chains), for the acceptance rate."""
-    while not s.done:
-        depth = s.draft_depth(len(shape), bonus)
-        if depth <= 0:  # room for one token only: a plain target step
-            s.commit(Verdict.token(target_step(s)))
-            continue
+    for depth in draft_depths(s, len(shape), bonus):
         proposal = proposer.propose(s, shape[:depth])
         tree = proposal.tree
         if tree.size == 0:  # a copying drafter found nothing to copy
