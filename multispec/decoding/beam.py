@@ -31,10 +31,10 @@ def decode(s: Session, width: int = 4, deterministic: bool = False, length_penal
         return
     deterministic = deterministic or s.sampling.greedy
     runner = s.target
+    start = len(s.tokens)
     rows = [list(s.tokens)]  # the hypotheses: committed tokens, one cache row each
     logits = runner.feed_rows(rows)[:, -1]  # [1, V]: after the prompt
     device = logits.device
-    beams = torch.empty(1, 0, dtype=torch.long, device=device)  # generated tokens per active beam
     scores = torch.zeros(1, dtype=logits.dtype, device=device)  # raw joint log-likelihoods
     finished: list[tuple[float, list[int]]] = []
     stops = torch.tensor(sorted(s.stop_tokens), dtype=torch.long, device=device)
@@ -49,18 +49,17 @@ def decode(s: Session, width: int = 4, deterministic: bool = False, length_penal
         vocab = logp.shape[-1]
         parents, tokens = picks // vocab, picks % vocab
         scores = joint[picks]
-        beams = torch.cat([beams[parents], tokens[:, None]], dim=1)
+        rows = [rows[p] + [t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
         if stops.numel():
             ended = torch.isin(tokens, stops)
-            for i in ended.nonzero().flatten().tolist():
-                finished.append((float(scores[i]), beams[i].tolist()))
+            finished += [(float(scores[i]), rows[i][start:]) for i in ended.nonzero().flatten().tolist()]
             keep = ~ended
-            parents, tokens, beams, scores = parents[keep], tokens[keep], beams[keep], scores[keep]
-        if len(tokens) == 0 or step + 1 == budget:
+            rows = [r for r, k in zip(rows, keep.tolist(), strict=True) if k]
+            parents, scores = parents[keep], scores[keep]
+        if not rows or step + 1 == budget:
             break
-        rows = [rows[p] + [t] for p, t in zip(parents.tolist(), tokens.tolist(), strict=True)]
         runner.commit_rows(len(rows[0]), parents.tolist(), [[] for _ in rows])
         logits = runner.feed_rows(rows)[:, -1]
-    candidates = finished + [(float(sc), b.tolist()) for sc, b in zip(scores, beams, strict=True)]
+    candidates = finished + [(float(sc), r[start:]) for sc, r in zip(scores, rows, strict=True)]
     s.append(answer(candidates, length_penalty))
     s.counters["iterations"] += 1
