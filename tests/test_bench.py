@@ -4,6 +4,7 @@ the report, and the command line. Tiny random Llamas keep it fast; one test runs
 import json
 import math
 import struct
+import time
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from multispec.bench import (
     read_results,
     run_bench,
 )
+from multispec.bench.memory import PeakMemory
 from multispec.cli import main
 from multispec.decoding import METHODS, Method, ar
 from tests.conftest import tiny_llama
@@ -231,6 +233,18 @@ def test_energy_per_token_or_unavailable_in_the_report(tmp_path, tiny_pair):
     assert all(r["energy_j"] is None for r in read_results(tmp_path / "n" / "results.jsonl"))
 
 
+def test_peak_memory_sees_a_tensor_held_during_the_run_and_not_one_freed_before():
+    torch.zeros(64 * 2**20 // 4)  # allocated and freed before: must not count
+    with PeakMemory("cpu") as idle:
+        time.sleep(0.02)
+    with PeakMemory("cpu") as held:
+        block = torch.ones(96 * 2**20 // 4)  # 96 MiB, touched, held for several readings
+        time.sleep(0.05)
+        del block
+    assert idle.bytes < 16 * 2**20
+    assert 90 * 2**20 <= held.bytes < 160 * 2**20
+
+
 # -- the run loop --------------------------------------------------------------------------------
 
 def test_rows_report_and_plots(tmp_path, tiny_pair):
@@ -258,7 +272,8 @@ def test_rows_report_and_plots(tmp_path, tiny_pair):
     assert on_disk["temperatures"]["1.0"]["methods"]["hf-assisted"]["prompts"] == 4
     md = (out / "report.md").read_text()
     assert "## Temperature 0 (greedy)" in md and "## Temperature 1" in md and "prefill included" in md
-    assert "load average" in md
+    assert "load average" in md and "peak MB" in md
+    assert all(r["peak_memory_mb"] is not None and r["peak_memory_mb"] >= 0 for r in rows)
     assert "| sd:gamma=3 | 4 / 0 |" in md and "Fastest" in md
     for png in ("speedup.png", "quality_speed.png"):
         head = (out / png).read_bytes()[:24]

@@ -18,7 +18,7 @@ from . import metrics
 
 SPREAD_KEYS = ("tokens_per_second", "speedup", "block_efficiency", "acceptance_rate", "target_calls",
                "draft_calls", "new_tokens", "seconds", "predicted_tokens_per_second", "decode_tokens_per_second",
-               "measured_over_predicted")
+               "measured_over_predicted", "peak_memory_mb")
 
 
 def summarise(rows: list[dict], baseline: str, order: list[str] | None = None) -> dict:
@@ -111,6 +111,7 @@ COLUMNS = [  # header, how to show one method's stats
     ("ROUGE-L", lambda s, m: _num(s["rouge_l"], 3)),
     ("BLEU", lambda s, m: _num(s["bleu"], 1)),
     ("EM", lambda s, m: _num(s["exact_match"])),
+    ("peak MB", lambda s, m: _cell(s["peak_memory_mb"], 0)),
     ("J/token", lambda s, m: _num(s["j_per_token"], 3) if m["meter"] else "unavailable"),
 ]
 
@@ -178,6 +179,10 @@ def markdown(summary: dict, plots: list[str]) -> str:
         "included) under the unwarped target; lower means the target finds the output more likely.",
         "- ROUGE-L (F, rouge-score) and exact match (lower-cased, no punctuation or articles) are means over "
         "prompts with a reference; BLEU is sacrebleu's corpus BLEU over them; – means no reference.",
+        "- peak MB = memory one generation held above what was held when it started: on CUDA torch's allocator "
+        "peak; elsewhere the process's resident set, read every 2 ms after handing free heap pages back (it can "
+        "under-read: a peak shorter than 2 ms is missed). Model weights are not counted; the KV cache and the "
+        "activations are.",
         "- J/token = energy counter difference over the generations / their new tokens; the counters cover "
         "the whole device, so other work on it is counted too.",
         "", *[f"![{p}]({p})" for p in plots], "",

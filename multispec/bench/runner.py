@@ -28,6 +28,7 @@ from ..params import parse_method
 from ..warp import Sampling
 from . import metrics
 from .energy import Meter, pick_meter
+from .memory import PeakMemory
 from .prompts import Prompt
 
 BASELINES = {
@@ -41,7 +42,8 @@ RESULTS = "results.jsonl"
 MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft_calls", "block_efficiency",
             "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
             "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens", "predicted_tokens_per_second",
-            "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance")
+            "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance",
+            "peak_memory_mb")
 
 
 @dataclass(frozen=True)
@@ -251,8 +253,9 @@ def _prompt_ids(target: LanguageModel, prompt: Prompt, chat: bool, cache: dict) 
 def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed, meter) -> dict:
     _sync(target)
     before = meter.read() if meter is not None else None
-    tokens, stats = _generate(spec, target, draft, ids, max_new_tokens, sampling, seed)
-    _sync(target)
+    with PeakMemory(target.device) as peak:
+        tokens, stats = _generate(spec, target, draft, ids, max_new_tokens, sampling, seed)
+        _sync(target)
     energy = meter.joules(before, meter.read()) if meter is not None else None
     n = len(tokens)
     text = target.decode(tokens)
@@ -268,6 +271,7 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
         "mean_logprob": metrics.mean_logprob(target, ids, tokens),  # outside the timed call
         "energy_j": energy,
         "j_per_token": energy / n if energy is not None and n else None,
+        "peak_memory_mb": peak.bytes / 2**20 if peak.bytes is not None else None,
         "reference": reference,
         "rouge_l": None, "bleu": None, "exact_match": None,
     }
