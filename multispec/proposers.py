@@ -296,12 +296,13 @@ class Forest:
 
 class ForestDraft:
     """Beam sampling on the draft from every input beam: layer l holds `width` nodes drawn i.i.d. (with
-    replacement, kept in draw order) from the draft's beam distribution over (node of layer l - 1, token),
-    the input beams' `scores` (the session passes their joint target log-likelihoods; the authors' code
-    starts from 0; any weights keep the method exact, these make the draft's first layer agree with the
-    target's where the models agree) plus the raw draft log-probabilities along the path, warped jointly. Every node of a layer is a parent at the next,
-    whatever the target will say of it. Each node lives in its input beam's draft cache row, as a tree
-    with an ancestor-only mask; one draft forward per layer but the last, over all rows."""
+    replacement, kept in draw order) from the draft's beam distribution over (node of layer l - 1, token):
+    the input beams' `scores` plus the raw draft log-probabilities along the path, warped jointly. The
+    session passes the beams' joint target log-likelihoods as `scores` (the authors' code starts from 0):
+    any weights keep the method exact, these make the draft's first layer agree with the target's where
+    the models agree. Every node of a layer is a parent at the next, whatever the target will say of it.
+    Each node lives in its input beam's draft cache row, as a tree with an ancestor-only mask; one draft
+    forward per layer but the last, over all rows."""
 
     def propose(self, s: Session, rows: list[list[int]], width: int, depth: int,
                 scores: torch.Tensor | None = None) -> Forest:

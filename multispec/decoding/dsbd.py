@@ -18,9 +18,9 @@ commit:  the output beams become the hypotheses (`commit_rows`: each keeps its p
          paper: the most likely under the target) or 'sample' (the authors' code: the drawn one) - so
          both runners hold one cache row (§3.6).
 
-The answer is chosen as `beam` chooses (`beam.answer`, `length_penalty`). With `width_threshold=0` every layer has `draft_width` beams and the beams follow
-the law of `beam` of that width (Theorem 3.1); `draft_width=1` is `sd`. `one_cache` keeps no known law
-(a heuristic judged by perplexity).
+The answer is chosen as `beam` chooses (`beam.answer`, `length_penalty`). With `width_threshold=0`
+every layer has `draft_width` beams and the beams follow the law of `beam` of that width (Theorem 3.1);
+`draft_width=1` is `sd`. `one_cache` keeps no known law (a heuristic judged by perplexity).
 """
 
 from __future__ import annotations
