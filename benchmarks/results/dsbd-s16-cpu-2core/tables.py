@@ -1,4 +1,5 @@
-"""The README's tables from bench/results.jsonl: per method, over all 40 prompts and per prompt set.
+"""The README's tables from bench/results.jsonl: per method, over all 40 prompts and per prompt set, and
+peak memory on the long prompts.
 Usage: python benchmarks/results/dsbd-s16-cpu-2core/tables.py"""
 
 import json
@@ -39,3 +40,10 @@ rows = [json.loads(line) for line in (HERE / "bench" / "results.jsonl").read_tex
 table(rows, "All 40 prompts")
 table([r for r in rows if r["prompt_id"].startswith("mt_bench")], "MT-Bench (20)")
 table([r for r in rows if not r["prompt_id"].startswith("mt_bench")], "Spec-Bench dev (20)")
+
+long = [r for r in rows if r["prompt_tokens"] > 500 and not r["error"]]
+print(f"\nPeak MB on the {len({r['prompt_id'] for r in long})} prompts of more than 500 tokens (median, min-max)\n")
+print("| method | peak MB |\n|---|---|")
+for m in dict.fromkeys(r["method"] for r in long):
+    mem = [r["peak_memory_mb"] for r in long if r["method"] == m]
+    print(f"| {m} | {statistics.median(mem):.0f} ({min(mem):.0f}-{max(mem):.0f}) |")
