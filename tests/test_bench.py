@@ -282,17 +282,22 @@ def test_rows_report_and_plots(tmp_path, tiny_pair):
 
 def test_target_calls_are_the_forwards_the_target_ran(tmp_path, tiny_pair):
     # counted independently of the engine's counters: a hook on the transformers model itself
-    forwards = []
-    hook = tiny_pair[0].model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    # (the row methods too: beam and dsbd feed and commit several cache rows per call)
+    forwards = {"target": 0, "draft": 0}
+    hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: forwards.__setitem__(k, forwards[k] + 1))
+             for k, m in zip(forwards, tiny_pair, strict=True)]
     try:
-        bench(tiny_pair, load_prompts([id_prompts(tmp_path, 3)]), tmp_path / "out", methods=["sd:gamma=3"],
-              temperatures=[0, 1])
+        bench(tiny_pair, load_prompts([id_prompts(tmp_path, 3)]), tmp_path / "out",
+              methods=["sd:gamma=3", "beam:width=3", "dsbd"], temperatures=[0, 1])
     finally:
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     rows = read_results(tmp_path / "out" / "results.jsonl")
-    assert len(rows) == 12 and all(r["new_tokens"] == 6 for r in rows)
+    assert len(rows) == 24 and not any(r["error"] for r in rows)
+    assert all(r["new_tokens"] == 6 for r in rows if r["method"] in ("ar", "sd:gamma=3"))
     # besides the generations, one scoring forward per row (the output's perplexity)
-    assert len(forwards) == sum(r["target_calls"] for r in rows) + len(rows)
+    assert forwards["target"] == sum(r["target_calls"] for r in rows) + len(rows)
+    assert forwards["draft"] == sum(r["draft_calls"] for r in rows) > 0
     assert any(r["target_calls"] < 6 for r in rows if r["method"] == "sd:gamma=3")  # drafts were accepted
 
 
