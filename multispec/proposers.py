@@ -278,7 +278,6 @@ class BeamDraft(Proposer):
         return support[torch.multinomial(weights.float(), k, replacement=False, generator=s.generator)]
 
 
-
 @dataclass
 class ForestLayer:
     parents: torch.Tensor  # [m] each node's parent: a position in the previous layer (layer 1: an input beam)
@@ -320,19 +319,28 @@ class ForestDraft:
             at, tokens = picks // vocab, picks % vocab
             scores = scores[at] + logq[at, tokens]
             roots = [roots[a] for a in at.tolist()]
-            paths = [list(paths[a]) for a in at.tolist()]
             forest.layers.append(ForestLayer(at, tokens, beam))
-            if d < depth:  # the deepest layer is never fed to the draft model
+            parent_paths = [paths[a] for a in at.tolist()]
+            paths = parent_paths  # the deepest layer is never fed to the draft model
+            if d < depth:
                 entries: list[list] = [[] for _ in rows]
-                where = []
-                for j, (root, token) in enumerate(zip(roots, tokens.tolist(), strict=True)):
-                    entries[root].append((token, d, tuple(paths[j])))
-                    where.append((root, len(entries[root]) - 1))
-                base = runner.tentative
-                out = runner.feed_rows(rows, entries)  # [B, S, V]
-                logits = torch.stack([out[b, i] for b, i in where])
-                for j, (_, i) in enumerate(where):
-                    paths[j].append(base + i)
+                paths, (row, index) = grow_rows(entries, roots, tokens.tolist(), parent_paths, d, runner.tentative)
+                logits = runner.feed_rows(rows, entries)[row, index]  # [width, V]
             forest.roots.append(roots)
             forest.draft_paths.append(paths)
         return forest
+
+
+def grow_rows(entries: list[list], roots: list[int], tokens: list[int], parent_paths: list[list[int]], depth: int,
+              base: int = 0) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+    """Lay one forest layer into per-row entry lists for `ModelRunner.feed_rows`: node j goes to row
+    roots[j] at `depth`, seeing its parent's path parent_paths[j]. `base`: the runner's tentative entries
+    before the call (offsets count from there). Returns each node's path of cache offsets (itself last)
+    and where its logits come out of `feed_rows`: (row [m], index among the row's entries [m])."""
+    paths, row, index = [], [], []
+    for root, token, path in zip(roots, tokens, parent_paths, strict=True):
+        entries[root].append((token, depth, tuple(path)))
+        row.append(root)
+        index.append(len(entries[root]) - 1)
+        paths.append([*path, base + index[-1]])
+    return paths, (torch.tensor(row, dtype=torch.long), torch.tensor(index, dtype=torch.long))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import Session
-from ..proposers import Forest, ForestDraft
+from ..proposers import Forest, ForestDraft, grow_rows
 from ..verify import forest_verify
 from .beam import answer
 
@@ -96,20 +96,16 @@ def _score(s: Session, rows: list[list[int]], forest: Forest):
     """One target forward over the forest. Returns the log-probabilities after each input beam [B, V], after
     each node per layer ([m, V] each), and each node's path of target cache offsets in its row."""
     entries: list[list] = [[] for _ in rows]
-    paths_by_layer: list[list[list[int]]] = []
+    paths_by_layer, where = [], []
     previous: list[list[int]] = [[] for _ in rows]
     for d, layer in enumerate(forest.layers, start=1):
-        paths = []
-        for j, (parent, token) in enumerate(zip(layer.parents.tolist(), layer.tokens.tolist(), strict=True)):
-            root = forest.roots[d - 1][j]
-            entries[root].append((token, d, tuple(previous[parent])))
-            paths.append(previous[parent] + [len(entries[root]) - 1])
-        paths_by_layer.append(paths)
-        previous = paths
-    logprobs = torch.log_softmax(s.target.feed_rows(rows, entries).double(), -1)  # [B, 1 + S, V]
-    nodes = [torch.stack([logprobs[forest.roots[d][j], 1 + paths[j][-1]] for j in range(len(paths))])
-             for d, paths in enumerate(paths_by_layer)]
-    return logprobs[:, 0], nodes, paths_by_layer
+        previous, at = grow_rows(entries, forest.roots[d - 1], layer.tokens.tolist(),
+                                 [previous[p] for p in layer.parents.tolist()], d)
+        paths_by_layer.append(previous)
+        where.append(at)
+    logits = s.target.feed_rows(rows, entries)  # [B, 1 + S, V]; padding entries are never read
+    nodes = [torch.log_softmax(logits[row, 1 + index].double(), -1) for row, index in where]
+    return torch.log_softmax(logits[:, 0].double(), -1), nodes, paths_by_layer
 
 
 def _path(forest: Forest, layer: int, j: int) -> list[int]:

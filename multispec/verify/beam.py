@@ -122,7 +122,6 @@ def dynamic_width(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int, t
     return max(min_width, best)
 
 
-
 def forest_verify(
     scores: torch.Tensor,
     root_logprobs: torch.Tensor,
@@ -153,8 +152,8 @@ def forest_verify(
     The first failing layer, or the one after the last draft layer, is the output layer: its `out_width`
     beams are independent draws from the target's beam distribution there (Theorem 3.1).
     Returns (d, outputs, output scores, info): the output layer's depth d (1 = children of the input
-    beams; no outputs when every accepted beam of layer d - 1 ended), each output as (position of its parent in layer d - 1, token), their joint target
-    log-likelihoods [out_width], and {'widths': asked per verified layer, 'accepted': per layer, 'drawn':
+    beams; no outputs when every accepted beam of layer d - 1 ended), each output as (position of its
+    parent in layer d - 1, token), their joint target log-likelihoods [out_width], and {'widths': asked per verified layer, 'accepted': per layer, 'drawn':
     the output drawn from the running distribution (a failed layer's residual draw, else the first),
     'finished': accepted drafts that ended their beam, as (layer, node, joint target log-likelihood)}.
     """
