@@ -15,7 +15,7 @@ from .engine import Session
 from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
-from .models.hf import HFModel
+from .models.hf import HFModel, default_dtype
 from .warp import Sampling
 
 
@@ -38,12 +38,14 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 
 def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME,
-               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None) -> LanguageModel:
+               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+               compile: bool = False) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
-    hub id or path. `dtype` (float32, bfloat16, float16) overrides the stored weights' type; `device_map`
-    (e.g. "auto", through accelerate) spreads a hub model too large for one device over several."""
+    hub id or path. `dtype` (float32, bfloat16, float16; default bfloat16 where the hardware has fast
+    bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
+    one device over several; `compile`: compiled forwards (see `HFModel`)."""
     name = name or default
-    dtype = parse_dtype(dtype)
+    dtype = parse_dtype(dtype) or default_dtype(device)
     check_device(device)
     if device is not None and device_map is not None:
         raise ValueError("give a device or a device_map, not both")
@@ -54,9 +56,9 @@ def load_model(name: str | None, device: str | None = None, default: str = TARGE
         if name in DEFAULT_NAMES:
             if device_map is not None:
                 raise ValueError("device_map is for hub models; the embedded pair fits one device")
-            return load_default(name, device=device, dtype=dtype)
+            return load_default(name, device=device, dtype=dtype, compile=compile)
         extra = {"device_map": device_map} if device_map is not None else {}
-        return HFModel.from_pretrained(name, device=device, dtype=dtype or "auto", **extra)
+        return HFModel.from_pretrained(name, device=device, dtype=dtype, compile=compile, **extra)
     except (OSError, ValueError):
         raise
     except Exception as e:  # a corrupt weights file surfaces as a library-specific error
@@ -90,22 +92,29 @@ def quiet_transformers() -> None:
 
 
 def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None, device_map: str | dict | None = None) -> ModelPair:
-    """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` for both.
+              dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
+              compile: bool = False) -> ModelPair:
+    """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` and
+    `compile` for both.
 
     With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
     """
-    target_model = load_model(target, device, dtype=dtype, device_map=device_map)
+    target_model = load_model(target, device, dtype=dtype, device_map=device_map, compile=compile)
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
     else:
-        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype)
+        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=compile)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
-    loaded_as = f" - loaded as {parse_dtype(dtype)}".replace("torch.", "") if dtype is not None else ""
-    describe = {m.name: DEFAULT_NAMES.get(m.name, m.name) + loaded_as for m in (target_model, draft_model)
-                if m is not None}
+    describe = {m.name: describe_model(m) for m in (target_model, draft_model) if m is not None}
     return ModelPair(target_model, draft_model, describe)
+
+
+def describe_model(model: LanguageModel) -> str:
+    how = [str(getattr(model, "dtype", "")).replace("torch.", "")]
+    if getattr(model, "compile", False):
+        how.append("compiled")
+    return DEFAULT_NAMES.get(model.name, model.name) + " - " + ", ".join(h for h in how if h)
 
 
 def check_compatible(target: LanguageModel, draft: LanguageModel) -> None:
@@ -172,11 +181,13 @@ def generate(
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
 
     session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens)
+    seconds_before, compiles_before = _compiling(target, draft)
     t0 = time.perf_counter()
     if not session.done:
         spec.run(session, **params)
     seconds = time.perf_counter() - t0
-    stats = _stats(session, seconds)
+    seconds_after, compiles_after = _compiling(target, draft)
+    stats = _stats(session, seconds, seconds_after - seconds_before, compiles_after - compiles_before)
     if score:
         stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
         stats["perplexity"] = perplexity([stats["mean_logprob"]])
@@ -215,12 +226,23 @@ def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
     return ids
 
 
-def _stats(s: Session, seconds: float) -> dict[str, Any]:
+def _compiling(*models) -> tuple[float, int]:
+    """Seconds spent compiling so far, and graphs compiled, over the models."""
+    models = [m for m in models if m is not None]
+    return (sum(getattr(m, "compile_seconds", 0.0) for m in models), sum(getattr(m, "compiles", 0) for m in models))
+
+
+def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) -> dict[str, Any]:
+    """`seconds` is the decoding time, prefill included, one-time costs (compiling a forward for a new
+    shape) not: those are `one_time_seconds`, and `wall_seconds` holds both."""
     new = len(s.new_tokens)
     c = s.counters
     target_calls = s.target.calls
     draft_calls = s.draft.calls if s.draft is not None else 0
-    forward = s.target.seconds + (s.draft.seconds if s.draft is not None else 0.0)
+    seconds = max(wall - one_time, 1e-9)
+    target_seconds = s.target.seconds - s.target.one_time
+    draft_seconds = (s.draft.seconds - s.draft.one_time) if s.draft is not None else 0.0
+    forward = target_seconds + draft_seconds
     return {
         "new_tokens": new,
         "target_calls": target_calls,
@@ -230,8 +252,16 @@ def _stats(s: Session, seconds: float) -> dict[str, Any]:
         "accepted": c["accepted"],
         "iterations": c["iterations"],
         "rejections": c["rejections"],
-        "seconds": seconds,  # prefill included
+        "seconds": seconds,  # prefill included, one-time compiles not
         "tokens_per_second": new / seconds if seconds > 0 else 0.0,
+        "wall_seconds": wall,
+        "one_time_seconds": one_time,
+        # where the decoding time went: target forwards, draft forwards, everything else (drafting logic,
+        # warping, sampling, verifying, committing)
+        "target_seconds": target_seconds,
+        "draft_seconds": draft_seconds,
+        "other_seconds": max(0.0, seconds - forward),
+        "compiles": compiles,  # graphs compiled during this call (0 in steady state)
         "block_efficiency": new / target_calls if target_calls else 0.0,
         "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
         "forward_seconds": forward,

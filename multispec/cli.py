@@ -55,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None, help="torch device for both models (e.g. cuda)")
     g.add_argument("--device-map", default=None, help="spread a hub target over devices (e.g. auto, via accelerate)")
     g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights' type for both models (default: as stored; float32 for the embedded pair)")
+                   help="weights' type for both models (default: bfloat16 where the hardware has fast "
+                        "bfloat16, else float32)")
+    g.add_argument("--compile", action="store_true",
+                   help="compile each forward shape with torch inductor (kernels autotuned on this machine); "
+                        "compiling takes a minute or more per shape, once per process")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs",
@@ -114,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--draft", default=None)
     b.add_argument("--device", default=None)
     b.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights' type for both models (default: as stored; float32 for the embedded pair)")
+                   help="weights' type for both models (default: bfloat16 where the hardware has fast "
+                        "bfloat16, else float32)")
+    b.add_argument("--compile", action="store_true",
+                   help="compiled forwards for our methods (compiles happen in the warm-up, not in timed rows)")
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     b.add_argument("--out", default="bench-out", help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
@@ -169,7 +176,7 @@ def cmd_bench(args) -> int:
 
     from .api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
     print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
           f"{' / '.join(pair.description)} -> {args.out}", file=sys.stderr)
     summary = bench.run_bench(
@@ -257,8 +264,7 @@ def _bridge(args, say) -> dict:
 
 
 def cmd_generate(args) -> int:
-    from .api import ModelPair, generate, load_model, load_pair, validate_request
-    from .models.default import DEFAULT_NAMES
+    from .api import ModelPair, describe_model, generate, load_model, load_pair, validate_request
 
     name, params = parse_method(args.method)
     params.update(parse_params(args.param))
@@ -276,10 +282,12 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise ValueError("the prompt is empty")
     if method.draft_use(method.resolve(params)) != "none":
-        pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map)
+        pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                         compile=args.compile)
     else:  # target-only methods: do not spend time loading a draft
-        target_only = load_model(args.target, args.device, dtype=args.dtype, device_map=args.device_map)
-        pair = ModelPair(target_only, None, {target_only.name: DEFAULT_NAMES.get(target_only.name, target_only.name)})
+        target_only = load_model(args.target, args.device, dtype=args.dtype, device_map=args.device_map,
+                                 compile=args.compile)
+        pair = ModelPair(target_only, None, {target_only.name: describe_model(target_only)})
     target = pair.target
     shown: list[int] = []
     printed = [""]
@@ -309,9 +317,13 @@ def cmd_generate(args) -> int:
     predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
                  f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")
     ppl = f" · perplexity {st['perplexity']:.2f}" if st.get("perplexity") is not None else ""
+    once = (f" · one-time compiling {st['one_time_seconds']:.1f} s (not counted)" if st.get("one_time_seconds")
+            else "")
+    split = (f" · time: target {st['target_seconds']:.2f} s, draft {st['draft_seconds']:.2f} s, "
+             f"other {st['other_seconds']:.2f} s")
     print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"
           f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}{predicted}"
-          f"{ppl} · stopped: {st['stopped']}")
+          f"{ppl} · stopped: {st['stopped']}{split}{once}")
     models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
     print(f"[models] {models}", file=sys.stderr)
     return 0

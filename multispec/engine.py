@@ -32,10 +32,18 @@ class ModelRunner:
         self.committed = 0  # committed tokens held in the cache
         self.tentative = 0  # proposed entries after them
         self.calls = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # in forwards, one-time compiles included
+        self.one_time = 0.0  # of which: compiling forwards for new shapes
+        self._compiled_seen = getattr(model, "compile_seconds", 0.0)
         self.tree: TokenTree | None = None  # the tree the tentative entries belong to (None: a chain)
         self.paths: list[list[int]] | None = None  # with `feed_paths`: the path each cache row holds
         self.rows = 1  # cache rows, one per hypothesis (`feed_rows` / `commit_rows`)
+
+    def _timed(self, t0: float) -> None:
+        self.seconds += time.perf_counter() - t0
+        compiled = getattr(self.model, "compile_seconds", 0.0)
+        self.one_time += compiled - self._compiled_seen
+        self._compiled_seen = compiled
 
     def feed(
         self,
@@ -80,7 +88,7 @@ class ModelRunner:
         logits = self.model.forward(
             self.cache, inputs, positions[None], mask, logits_to_keep=n_extra + (1 if pending else 0)
         )
-        self.seconds += time.perf_counter() - t0
+        self._timed(t0)
         self.calls += 1
         self.committed += len(pending)
         self.tentative += n_extra
@@ -111,7 +119,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.model.select_rows(self.cache, torch.zeros(len(paths), dtype=torch.long))
         logits = self.model.forward(self.cache, inputs, logits_to_keep=depth + 1)  # [K, depth + 1, V]
-        self.seconds += time.perf_counter() - t0
+        self._timed(t0)
         self.calls += 1
         self.committed += len(pending)
         self.tentative = tree.size
@@ -172,7 +180,7 @@ class ModelRunner:
         logits = self.model.forward(self.cache, tokens.to(device), positions.to(device),
                                     None if mask is None else mask.to(device),
                                     logits_to_keep=width + (1 if n_pending else 0))
-        self.seconds += time.perf_counter() - t0
+        self._timed(t0)
         self.calls += 1
         self.committed = length
         self.tentative += width

@@ -61,9 +61,9 @@ def test_compacted_cache_equals_linear_cache():
     runner.commit(len(committed), accepted)
     linear = ModelRunner(model)
     linear.feed(committed[:-1])
-    for a, b in zip(runner.cache.layers, linear.cache.layers, strict=True):
-        assert a.keys.shape == b.keys.shape
-        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+    for (ka, va), (kb, vb) in zip(runner.cache.held(), linear.cache.held(), strict=True):
+        assert ka.shape == kb.shape
+        assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
     # and the next step from the compacted cache is the linear one
     assert torch.allclose(runner.feed(committed)[-1], full_logits(model, committed)[-1], atol=1e-4)
 
@@ -133,39 +133,40 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 12])
-def test_few_rows_linears_give_the_models_own_logits(n):
-    from multispec.models.kernels import FewRowsLinear
-
+def test_static_cache_gives_the_models_own_logits(n):
     model = tiny_llama(seed=2)
-    linears = [m for m in model.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is FewRowsLinear for m in linears)  # float32 on the CPU: all switched
+    assert model.static
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
-    tokens = torch.tensor([[9, 4, 33, 21, 7, 2, 40, 11, 5, 8, 30, 17][:n]])  # 12 > FEW_ROWS: the plain product
+    tokens = torch.tensor([[9, 4, 33, 21, 7, 2, 40, 11, 5, 8, 30, 17][:n]])
     with torch.no_grad():
         got = model.forward(cache, tokens)
         want = full_logits(model, PROMPT + tokens[0].tolist())[None, -n:]
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-5)
-        # logits_to_keep keeps the last positions only
+        # a rollback is a length change; logits_to_keep keeps the last positions only
         model.crop(cache, len(PROMPT))
+        assert cache.length == len(PROMPT)
         assert torch.allclose(model.forward(cache, tokens, logits_to_keep=1), want[:, -1:], atol=1e-5)
 
 
-def test_few_rows_linear_matches_linear_with_bias_and_batch_shapes():
-    from multispec.models.kernels import FewRowsLinear, use_few_rows_linears
-
-    torch.manual_seed(0)
-    plain = torch.nn.Linear(16, 24)
-    fast = torch.nn.Sequential(torch.nn.Linear(16, 24))
-    fast[0].load_state_dict(plain.state_dict())
-    assert use_few_rows_linears(fast) == 1 and type(fast[0]) is FewRowsLinear
-    # 1, 3 and 7 rows are padded with duplicate rows; 13 rows take the ordinary product
-    for shape in [(1, 16), (1, 1, 16), (3, 16), (1, 3, 16), (2, 3, 16), (4, 2, 16), (7, 16), (1, 7, 16), (13, 16),
-                  (0, 16)]:
-        x = torch.randn(shape)
-        got = fast(x)
-        assert got.shape == (*shape[:-1], 24) and got.is_contiguous()
-        assert torch.allclose(got, plain(x), atol=1e-6)
-    # other dtypes keep the plain layer (bfloat16 is faster through the ordinary product)
-    assert use_few_rows_linears(torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16))) == 0
+def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypatch):
+    # the compiled step (static cache, padded to buckets of new tokens) gives the eager logits; a second
+    # generation of the same shapes compiles nothing new
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    eager = tiny_llama(seed=3)
+    compiled = tiny_llama(seed=3)
+    compiled.compile = True
+    for n in (1, 3):
+        ce, cc = eager.new_cache(), compiled.new_cache()
+        eager.forward(ce, torch.tensor([PROMPT]))
+        compiled.forward(cc, torch.tensor([PROMPT]))
+        tokens = torch.tensor([[9, 4, 33][:n]])
+        assert torch.allclose(compiled.forward(cc, tokens), eager.forward(ce, tokens), atol=1e-4)
+        assert cc.length == ce.length == len(PROMPT) + n
+    assert compiled.compiles >= 2 and compiled.compile_seconds > 0
+    a = generate(eager, None, PROMPT, method="ar", temperature=0, max_new_tokens=12)
+    b = generate(compiled, None, PROMPT, method="ar", temperature=0, max_new_tokens=12)
+    assert a.token_ids == b.token_ids
+    again = generate(compiled, None, PROMPT[:-1], method="ar", temperature=0, max_new_tokens=12)
+    assert again.stats["compiles"] == 0 and again.stats["one_time_seconds"] == 0

