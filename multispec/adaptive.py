@@ -73,7 +73,9 @@ _COSTS: dict[str, ForwardCost] = {}
 
 def cost_key(model: LanguageModel) -> str:
     dtype = getattr(model, "dtype", None)
-    return f"{model.name}|{dtype}|{model.device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
+    return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
+            f"torch={torch.__version__}")
 
 
 def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> ForwardCost:
@@ -119,7 +121,7 @@ def measure_forward_cost(model: LanguageModel, max_tokens: int, contexts: tuple[
     for context in contexts:
         cache = model.new_cache()
         model.forward(cache, ids[:, :context], logits_to_keep=1)
-        for k in (1, max_tokens):  # warm-up: lazy initialisation and allocator
+        for k in range(1, max_tokens + 1):  # warm-up: lazy initialisation, allocator, a compile per bucket
             model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
             model.crop(cache, context)
         times: list[list[float]] = [[] for _ in range(max_tokens)]

@@ -45,8 +45,8 @@ def load_model(name: str | None, device: str | None = None, default: str = TARGE
     bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
     one device over several; `compile`: compiled forwards (see `HFModel`)."""
     name = name or default
-    dtype = parse_dtype(dtype) or default_dtype(device)
     check_device(device)
+    dtype = parse_dtype(dtype) or default_dtype(device)
     if device is not None and device_map is not None:
         raise ValueError("give a device or a device_map, not both")
     quiet_transformers()

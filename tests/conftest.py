@@ -28,6 +28,14 @@ def default_pair():
     return load_pair()
 
 
+@pytest.fixture(scope="session")
+def default_pair_f32():
+    """The default pair in float32, where greedy speculative outputs equal greedy ar token for token."""
+    from multispec import load_pair
+
+    return load_pair(dtype="float32")
+
+
 FAMILIES = ["Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma2", "Gemma3Text", "Phi3", "OPT", "GPT2", "GPTNeoX",
             "Falcon"]
 

@@ -3,7 +3,7 @@ results.jsonl as soon as it is done (an interrupted run loses at most the genera
 `resume=True` continues it).
 
 Methods come from the registry `multispec.decoding.METHODS` (so methods added later are benchmarkable
-as they are) plus three baselines from outside the project: `hf` (transformers' `generate`), `hf-assisted`
+as they are) plus four baselines from outside the project: `hf` (transformers' `generate`), `hf-assisted`
 (`generate` with `assistant_model` = the draft) and `hf-lookup` (`generate` with prompt lookup). They run
 on the models as transformers ships them: this project's attention function is switched off for them.
 """
@@ -35,6 +35,8 @@ BASELINES = {
     "hf": "transformers generate() on the target alone",
     "hf-assisted": "transformers generate() with assistant_model = the draft (its assisted decoding)",
     "hf-lookup": "transformers generate() with prompt_lookup_num_tokens=10 (its prompt lookup decoding)",
+    "hf-static": "transformers generate() with a static cache and torch.compile on the forward (its documented "
+                 "fast path)",
 }
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value
 RESULTS = "results.jsonl"
@@ -43,7 +45,7 @@ MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft
             "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
             "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens", "predicted_tokens_per_second",
             "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance",
-            "peak_memory_mb")
+            "peak_memory_mb", "one_time_seconds", "compiles", "target_seconds", "draft_seconds", "other_seconds")
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,8 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
                    exact_match=metrics.exact_match(text, reference))
     row.update(text=text, token_ids=tokens, prompt_tokens=len(ids))
     for key in ("predicted_tokens_per_second", "decode_tokens_per_second", "drafter_iterations",
-                "accepted_length_histogram", "position_acceptance"):
+                "accepted_length_histogram", "position_acceptance", "one_time_seconds", "compiles",
+                "target_seconds", "draft_seconds", "other_seconds"):
         row[key] = stats.get(key)
     return row
 
@@ -289,17 +292,21 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
 def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed) -> tuple[list[int], dict]:
     if spec.name in BASELINES:
         return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed,
-                           lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0)
+                           lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0,
+                           static=spec.name == "hf-static")
     r = generate(target, draft, ids, method=spec.name, max_new_tokens=max_new_tokens,
                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
                  score=False, **spec.params)  # scored in `_measure`, for the hf baselines too
     return r.token_ids, r.stats
 
 
-def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int, lookup: int = 0):
+def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int, lookup: int = 0,
+                static: bool = False):
     """transformers' own generate() on the target's underlying model as transformers ships it (with the draft
-    as assistant_model when given, with prompt lookup of `lookup` tokens when > 0), timed like
-    `multispec.generate` (prefill included). Forward calls are counted with hooks."""
+    as assistant_model when given, with prompt lookup of `lookup` tokens when > 0; with `static`, the fast
+    path transformers documents: `cache_implementation="static"` and the forward through `torch.compile`,
+    compiled once per model and kept), timed like `multispec.generate` (prefill included). Forward calls are
+    counted with hooks."""
     from ..models.hf import HFModel
     from ..models.static import stock_attention
 
@@ -315,6 +322,11 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
         kwargs["assistant_model"] = draft.model
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = lookup
+    if static:
+        kwargs["cache_implementation"] = "static"
+        if getattr(target, "_hf_compiled_forward", None) is None:
+            target._hf_compiled_forward = torch.compile(target.model.forward, mode="reduce-overhead", fullgraph=True)
+        target.model.forward = target._hf_compiled_forward
     calls = {"target": 0, "draft": 0}
     hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
              for k, m in (("target", target), ("draft", draft)) if m is not None]
@@ -330,6 +342,8 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     finally:
         for h in hooks:
             h.remove()
+        if static:
+            del target.model.forward  # the class's forward again
     tokens = out[0, len(ids):].tolist()
     stopped = "eos" if tokens and tokens[-1] in target.stop_tokens else "length"
     return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
