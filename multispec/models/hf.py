@@ -219,8 +219,7 @@ class HFModel(LanguageModel):
         from torch._dynamo.utils import counters
 
         if self._compiled is None:
-            options = {"freezing": True, "max_autotune": True} if self.device.type == "cpu" else {}
-            self._compiled = torch.compile(self._step, dynamic=None, options=options)
+            self._compiled = torch.compile(self._step, dynamic=None)
         for m in masks.values() if isinstance(masks, dict) else (masks,):
             torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
         for buffer in (*cache.keys, *cache.values):
@@ -232,7 +231,7 @@ class HFModel(LanguageModel):
                   "process) ...", file=sys.stderr, flush=True)
         graphs = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
-        with _compile_settings():
+        with _compile_settings(self.device.type == "cpu"):
             logits = self._compiled(ids, positions, masks, slots, cache.keys, cache.values)
         if counters["stats"]["unique_graphs"] != graphs:
             seconds = time.perf_counter() - t0
@@ -337,10 +336,14 @@ class HFModel(LanguageModel):
 
 
 @contextlib.contextmanager
-def _compile_settings():
+def _compile_settings(cpu: bool):
     """Compiled steps keep their shapes static (new tokens and rows are bucketed; only the key length is
-    dynamic) and may hold one graph per bucket."""
+    dynamic) and may hold one graph per bucket. On a CPU inductor freezes the weights (constant-folded and
+    packed for the matrix kernels) and autotunes each matrix product among its kernels."""
     import torch._dynamo.config as dynamo
+    import torch._inductor.config as inductor
 
-    with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512):
+    kernels = {"freezing": True, "max_autotune": True} if cpu else {}
+    with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
+            inductor.patch(kernels):
         yield

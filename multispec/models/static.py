@@ -8,9 +8,7 @@ mask's last dimension. So:
 - a rollback is a length change, and a tree commit moves only the accepted entries (`StaticKV.keep`);
 - every forward has the same shapes for the same number of new tokens and rows, which is what a compiled
   step needs (`HFModel` pads new tokens to buckets of 1, 2, 4, 8, ...);
-- attention is computed in float32 whatever the weights' dtype, and each query row's result does not
-  depend on how many other rows were scored with it (one matrix product per row block, no split of the
-  key dimension that depends on the row count).
+- attention is computed in float32 whatever the weights' type.
 
 Called without our keyword arguments (transformers' own `generate` on the same model), `attention` hands
 over to the implementation the model had before.
@@ -54,13 +52,14 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
 
 
-# An opaque operator for compiled graphs: inductor calls it as it is, so the key length may change from step
+# An opaque operator in compiled graphs: inductor calls it as it is, so the key length may change from step
 # to step without a recompile, and no GEMM template is tried on a product with a symbolic shape.
 @torch.library.custom_op("multispec::attend", mutates_args=())
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            scaling: float, softcap: float) -> torch.Tensor:
-    """query [B, Hq, n, d], keys / values [B, Hkv, K, d], additive mask [B, 1, n, K] -> [B, Hq, n, dv], in
-    float32 whatever the inputs' type, then cast back to the query's."""
+    """query [B, Hq, n, d], keys / values [B, Hkv, K, d], additive float mask [B, 1, n, K] -> [B, Hq, n, dv],
+    in float32 whatever the inputs' type (torch's fused kernel is slower than this for a few queries on a
+    CPU), then cast back to the query's."""
     b, hq, n, d = query.shape
     hk = keys.shape[1]
     group = hq // hk
