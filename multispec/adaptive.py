@@ -69,6 +69,7 @@ def _extend(row: tuple[float, ...], k: int) -> float:
 
 
 _COSTS: dict[str, ForwardCost] = {}
+calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
 def cost_key(model: LanguageModel) -> str:
@@ -92,7 +93,11 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
         if saved and saved.get("contexts") == list(COST_CONTEXTS):
             _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]))
             return _COSTS[key]
+    global calibration_seconds
+    compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
     cost = measure_forward_cost(model, max_tokens)
+    # a one-time cost, like compiling (which the model counts itself)
+    calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
     if store is not None:
         try:

@@ -227,14 +227,19 @@ def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
 
 
 def _compiling(*models) -> tuple[float, int]:
-    """Seconds spent compiling so far, and graphs compiled, over the models."""
+    """One-time seconds so far (compiling the models' forwards, measuring their cost curves for
+    gamma=auto), and graphs compiled."""
+    from . import adaptive
+
     models = [m for m in models if m is not None]
-    return (sum(getattr(m, "compile_seconds", 0.0) for m in models), sum(getattr(m, "compiles", 0) for m in models))
+    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + adaptive.calibration_seconds,
+            sum(getattr(m, "compiles", 0) for m in models))
 
 
 def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) -> dict[str, Any]:
     """`seconds` is the decoding time, prefill included, one-time costs (compiling a forward for a new
-    shape) not: those are `one_time_seconds`, and `wall_seconds` holds both."""
+    shape, measuring a cost curve for gamma=auto) not: those are `one_time_seconds`, and `wall_seconds`
+    holds both."""
     new = len(s.new_tokens)
     c = s.counters
     target_calls = s.target.calls

@@ -317,8 +317,8 @@ def cmd_generate(args) -> int:
     predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
                  f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")
     ppl = f" · perplexity {st['perplexity']:.2f}" if st.get("perplexity") is not None else ""
-    once = (f" · one-time compiling {st['one_time_seconds']:.1f} s (not counted)" if st.get("one_time_seconds")
-            else "")
+    once = (f" · one-time setup {st['one_time_seconds']:.1f} s (compiling, cost calibration; not counted)"
+            if st.get("one_time_seconds") else "")
     split = (f" · time: target {st['target_seconds']:.2f} s, draft {st['draft_seconds']:.2f} s, "
              f"other {st['other_seconds']:.2f} s")
     print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"

@@ -5,7 +5,7 @@ a rollback is a length change and a tree commit moves only the accepted entries.
 explicit position ids and an additive 4-D mask ([B, 1, n, K], 0 where allowed), built here from the
 engine's boolean mask; sliding windows are applied in that mask. With `compile=True` the forward is
 compiled by torch inductor once per (rows, bucket of new tokens): new tokens are padded to 1, 2, 4, 8, ...
-up to `COMPILED_TOKENS`; longer feeds (a prompt) run eagerly. On a CPU the compile freezes the weights and
+up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights and
 autotunes the matrix products (inductor's max-autotune), so the kernels are chosen by measurement on the
 machine that runs them. A family whose attention layers do not go through transformers' attention
 interface keeps transformers' `DynamicCache`, with one line saying so.
@@ -122,13 +122,13 @@ class HFModel(LanguageModel):
         except Exception as e:  # noqa: BLE001
             return None, f"probe forward failed: {type(e).__name__}: {str(e)[:120]}"
         layers = getattr(self.model.config, "num_hidden_layers", None)
-        indices = sorted(i for i, _, _ in seen)
+        indices = sorted(i for i, *_ in seen)
         if not seen or indices != list(range(len(seen))) or (layers is not None and len(seen) != layers):
             return None, "its attention layers do not all call transformers' attention interface"
         scale = float(stock.abs().max()) + 1e-6
         if float((ours - stock).abs().max()) / scale > (1e-3 if self.dtype == torch.float32 else 5e-2):
             return None, "its logits through our attention differ from transformers'"
-        return [(k, v) for _, k, v in sorted(seen)], ""
+        return [(k, v, dev) for _, k, v, dev in sorted(seen, key=lambda e: e[0])], ""
 
     # -- cache ---------------------------------------------------------------------------------
     def new_cache(self) -> Any:
@@ -163,7 +163,8 @@ class HFModel(LanguageModel):
             if past:
                 raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
             cache.reserve(cache.capacity, rows=b)
-        compiled = self.compile and n <= COMPILED_TOKENS
+        # a prompt (the first feed) runs eagerly: its length differs from call to call
+        compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
         width = _bucket(n) if compiled else n  # new entries written: n real, then padding
         cache.reserve(past + width)
         total = past + width
@@ -342,8 +343,13 @@ def _compile_settings(cpu: bool):
     packed for the matrix kernels) and autotunes each matrix product among its kernels."""
     import torch._dynamo.config as dynamo
     import torch._inductor.config as inductor
+    import torch._inductor.select_algorithm as select
 
-    kernels = {"freezing": True, "max_autotune": True} if cpu else {}
-    with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
-            inductor.patch(kernels):
-        yield
+    kernels = {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False} if cpu else {}
+    quiet, select.PRINT_AUTOTUNE = select.PRINT_AUTOTUNE, False  # no timing tables between generated tokens
+    try:
+        with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
+                inductor.patch(kernels):
+            yield
+    finally:
+        select.PRINT_AUTOTUNE = quiet

@@ -36,12 +36,14 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                                  softcap=softcap, **kwargs)
     probe = kwargs.get("ms_probe")
     if probe is not None:  # shape discovery: one entry per layer that calls us
-        probe.append((module.layer_idx, tuple(key.shape), tuple(value.shape)))
+        probe.append((module.layer_idx, tuple(key.shape), tuple(value.shape), key.device))
         keys_all = None
     layer = module.layer_idx
     if keys_all is not None:
         keys, values = keys_all[layer], kwargs["ms_values"][layer]
         slots = kwargs["ms_slots"]
+        if keys.device != slots.device:  # a model spread over devices (device_map): each layer's buffer is on its own
+            slots, attention_mask = slots.to(keys.device), attention_mask.to(keys.device)
         keys.index_copy_(2, slots, key.to(keys.dtype))
         values.index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
@@ -127,7 +129,7 @@ class StaticKV:
     grows by doubling when a forward needs more; `positions` [rows, capacity] keeps each entry's position
     id for sliding-window masks."""
 
-    def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...]]], dtype: torch.dtype,
+    def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...], torch.device]], dtype: torch.dtype,
                  device: torch.device, capacity: int = 256):
         self.shapes, self.dtype, self.device = shapes, dtype, device
         self.length = 0
@@ -149,16 +151,16 @@ class StaticKV:
             capacity *= 2
         keep = min(self.length, capacity)
 
-        def grow(old: torch.Tensor | None, shape: tuple[int, ...], dtype) -> torch.Tensor:
-            new = torch.zeros((rows, shape[1], capacity, shape[3]), dtype=dtype, device=self.device)
+        def grow(old: torch.Tensor | None, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+            new = torch.zeros((rows, shape[1], capacity, shape[3]), dtype=dtype, device=device)
             if old is not None and keep:
                 new[: min(rows, old.shape[0]), :, :keep] = old[:rows, :, :keep]
             return new
 
         old_keys = self.keys or [None] * len(self.shapes)
         old_values = self.values or [None] * len(self.shapes)
-        self.keys = [grow(o, ks, self.dtype) for o, (ks, _) in zip(old_keys, self.shapes, strict=True)]
-        self.values = [grow(o, vs, self.dtype) for o, (_, vs) in zip(old_values, self.shapes, strict=True)]
+        self.keys = [grow(o, ks, self.dtype, dev) for o, (ks, _, dev) in zip(old_keys, self.shapes, strict=True)]
+        self.values = [grow(o, vs, self.dtype, dev) for o, (_, vs, dev) in zip(old_values, self.shapes, strict=True)]
         positions = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
         positions[: min(rows, self.positions.shape[0]), :keep] = self.positions[:rows, :keep]
         self.positions = positions
@@ -179,8 +181,8 @@ class StaticKV:
         n = self.length
         if rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=self.device)).all()):
             return
-        sources = [k[:, :, :n].index_select(0, rows) for k in self.keys]
-        value_sources = [v[:, :, :n].index_select(0, rows) for v in self.values]
+        sources = [k[:, :, :n].index_select(0, rows.to(k.device)) for k in self.keys]
+        value_sources = [v[:, :, :n].index_select(0, rows.to(v.device)) for v in self.values]
         position_sources = self.positions[:, :n].index_select(0, rows)
         if rows.numel() != self.rows:
             self.keys = self.values = []
@@ -205,12 +207,12 @@ class StaticKV:
             if tail.dim() == 1:
                 for buffers in (self.keys, self.values):
                     for buf in buffers:
-                        buf[:, :, start:length] = buf.index_select(2, tail)
+                        buf[:, :, start:length] = buf.index_select(2, tail.to(buf.device))
                 self.positions[:, start:length] = self.positions.index_select(1, tail)
             else:  # per row: gather [rows, heads, moved, d]
                 for buffers in (self.keys, self.values):
                     for buf in buffers:
-                        at = tail[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3])
+                        at = tail.to(buf.device)[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3])
                         buf[:, :, start:length] = buf.gather(2, at)
                 self.positions[:, start:length] = self.positions.gather(1, tail)
         self.length = length
