@@ -172,3 +172,16 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     step = torch.tensor([[7, 7, 1]])
     assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
     assert compiled.compiles == 1
+
+
+def test_long_feeds_attend_in_blocks_of_queries(monkeypatch):
+    # a prompt longer than the query block gives the logits of one block
+    from multispec.models import static
+
+    model = tiny_llama(seed=4)
+    ids = [(7 * i + 3) % 64 for i in range(40)]
+    whole = model.forward(model.new_cache(), torch.tensor([ids]))
+    monkeypatch.setattr(static, "QUERY_CHUNK", 16)
+    blocks = model.forward(model.new_cache(), torch.tensor([ids]))
+    assert torch.allclose(blocks, whole, atol=1e-5)
+    assert torch.allclose(blocks[0], full_logits(model, ids), atol=1e-4)

@@ -22,6 +22,7 @@ import sys
 import torch
 
 NAME = "multispec"
+QUERY_CHUNK = 512  # queries per block of attention scores (a long prompt's prefill)
 _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation before ours
 
 
@@ -62,6 +63,16 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     """query [B, Hq, n, d], keys / values [B, Hkv, K, d], additive float mask [B, 1, n, K] -> [B, Hq, n, dv],
     in float32 whatever the inputs' type (torch's fused kernel is slower than this for a few queries on a
     CPU), then cast back to the query's."""
+    n = query.shape[2]
+    if n <= QUERY_CHUNK:
+        return _attend_block(query, keys, values, mask, scaling, softcap)
+    # a long prompt: blocks of queries bound the float32 scores held at once
+    return torch.cat([_attend_block(query[:, :, i : i + QUERY_CHUNK], keys, values,
+                                    None if mask is None else mask[:, :, i : i + QUERY_CHUNK], scaling, softcap)
+                      for i in range(0, n, QUERY_CHUNK)], 2)
+
+
+def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
     b, hq, n, d = query.shape
     hk = keys.shape[1]
     group = hq // hk

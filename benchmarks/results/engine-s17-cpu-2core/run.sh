@@ -7,3 +7,8 @@ python benchmarks/cost_curve.py --out $R/cost_curve.jsonl --engines static,dynam
 multispec bench --prompts mt-bench --limit 5 --spread --prompts spec-bench-dev --limit 5 --spread \
   --method hf --method hf-static --method hf-lookup --method ar --method "sd:gamma=auto,drafter=hybrid" \
   --method sd:gamma=1 --temperature 0 --max-new-tokens 64 --compile --out $R/bench-t0 --force
+multispec bench --prompts mt-bench --limit 5 --spread --prompts spec-bench-dev --limit 5 --spread \
+  --method hf --method hf-static --method hf-lookup --method ar --method "sd:gamma=auto,drafter=hybrid" \
+  --method sd:gamma=1 --temperature 1 --max-new-tokens 64 --compile --out $R/bench-t1 --force
+python benchmarks/greedy_drift.py bfloat16 30 48 > $R/drift-bf16.json
+python benchmarks/greedy_drift.py float32 30 48 > $R/drift-f32.json
