@@ -18,21 +18,23 @@ import numpy as np
 import torch
 
 import multispec
+from multispec.drafting import BeamDraft, setup_of
 from multispec.engine import Session
-from multispec.proposers import BeamDraft
 from multispec.verify import Verdict
 from multispec.warp import Sampling
 
 
 def tree_iteration(s: Session, proposer: BeamDraft, gamma: int) -> list[int]:
-    p = proposer.propose(s, (1,) * gamma)
+    p = proposer.propose(s.tokens, (1,) * gamma)
     block = p.tokens.tolist()
-    s.commit(Verdict(tuple(range(gamma)), tuple(block), 7), drafted=gamma, draft_entries=p.draft_entries)
+    verdict = Verdict(tuple(range(gamma)), tuple(block), 7)
+    s.commit(verdict, drafted=gamma)
+    proposer.accept(verdict)
     return block
 
 
 def rows_iteration(s: Session, width: int, gamma: int) -> list[int]:
-    runner, model = s.draft, s.draft_model
+    runner, model = s.draft_runner(), s.draft_model
     logits = runner.feed(s.tokens)[-1:]  # [1, V]: the root, on one cache row
     base = runner.committed
     paths, scores, rows = [[]], torch.zeros(1, dtype=torch.float64), None
@@ -71,7 +73,8 @@ def main() -> None:
         prompt = pair.target.encode(text * repeat)
         sessions = {k: Session(pair.target, pair.draft, prompt, Sampling(1.0), 10_000, torch.Generator())
                     for k in ("tree", "rows")}
-        proposer = BeamDraft(args.width, deterministic=True)
+        s = sessions["tree"]
+        proposer = BeamDraft(s.draft_runner(), setup_of(s), args.width, deterministic=True)
         times = {k: [] for k in sessions}
         for r in range(args.rounds + 1):
             t0 = time.perf_counter()

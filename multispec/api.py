@@ -16,6 +16,7 @@ from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel, default_dtype
+from .params import DEFAULT_METHOD, parse_method
 from .warp import Sampling
 
 
@@ -143,7 +144,7 @@ def generate(
     target: LanguageModel,
     draft: LanguageModel | None,
     prompt: str | list[int],
-    method: str = "sd",
+    method: str = DEFAULT_METHOD,
     max_new_tokens: int = 128,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -154,12 +155,16 @@ def generate(
     score: bool = True,
     **method_params,
 ) -> Result:
-    """Generate with `method` ("ar", "beam", "sd", ...). `prompt` is text (chat template applied when the
+    """Generate with `method`: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a
+    colon as on the command line ("sd:gamma=6"); keyword parameters override those. The default,
+    `DEFAULT_METHOD` ("sd:gamma=auto,drafter=hybrid"), is the command line's. `prompt` is text (chat template applied when the
     tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
 
     With `score`, the output's mean log-probability and perplexity under the unwarped target are added
     to the stats (`mean_logprob`, `perplexity`): one more target forward over prompt and output, after
     the timed decoding."""
+    method, given = parse_method(method) if isinstance(method, str) else (method, {})
+    method_params = {**given, **method_params}
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)
     use = spec.draft_use(params)
     if use == "required" and draft is None:
@@ -201,6 +206,9 @@ def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, met
     spec = get_method(method)
     params = spec.resolve(method_params)
     sampling = Sampling(temperature, top_k, top_p)
+    if sampling.greedy and not spec.greedy:
+        raise ValueError(f"method {method!r} samples and has no temperature-0 form; use a temperature above 0"
+                         + (" (or beam, whose temperature 0 is beam search)" if method == "dsbd" else ""))
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return spec, params, sampling
@@ -229,10 +237,10 @@ def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
 def _compiling(*models) -> tuple[float, int]:
     """One-time seconds so far (compiling the models' forwards, measuring their cost curves for
     gamma=auto), and graphs compiled."""
-    from . import adaptive
+    from .models import cost
 
     models = [m for m in models if m is not None]
-    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + adaptive.calibration_seconds,
+    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + cost.calibration_seconds,
             sum(getattr(m, "compiles", 0) for m in models))
 
 

@@ -7,12 +7,10 @@ import argparse
 import json
 import sys
 
-from .params import parse_method, parse_params
+from .params import DEFAULT_METHOD, parse_method, parse_params
 
 DESCRIPTION = ("Speculative decoding beyond single-token sampling: generate with any method, check a method's "
                "exactness, benchmark methods, reproduce the theory, train a draft.")
-# what `multispec generate` runs with no method flags
-DEFAULT_METHOD = "sd:gamma=auto,drafter=hybrid"
 
 
 class DEFAULTS(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     _sampling_args(c, 1.0)
     c.add_argument("--json", action="store_true")
-    th = sub.add_parser("theory", help="seed 002's theory: the three figures as PNG, exact vs simulated numbers",
+    th = sub.add_parser("theory", help="Yin et al.'s theory: the three figures as PNG, exact vs simulated numbers",
                         formatter_class=DEFAULTS)
     th.add_argument("--out", default="theory-out", help="folder for the PNG files and theory.json")
     th.add_argument("--runs", type=int, default=1000, help="simulated generations per decoder")
@@ -143,6 +141,7 @@ def cmd_methods(args) -> int:
                                             for k, p in m.params.items()}}
                           for name, m in METHODS.items()}))
         return 0
+    print(f"Default (generate() and `multispec generate` without a method): {DEFAULT_METHOD}\n")
     for name, m in METHODS.items():
         draft = {"required": "needs a draft model", "none": "no draft model"}.get(m.draft_use(m.resolve({})), "")
         print(f"{name}: {m.summary}\n  exact: {m.exact}" + (f"; {draft} at its defaults" if m.needs_draft else

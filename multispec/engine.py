@@ -95,7 +95,7 @@ class ModelRunner:
         return logits[0]
 
     def feed_paths(self, tokens: list[int], extra: torch.Tensor, tree: TokenTree) -> torch.Tensor:
-        """Score a tree without tree attention (seed 004 §3.11): the cache is copied once per root-to-leaf
+        """Score a tree without tree attention (MCSD §3.11): the cache is copied once per root-to-leaf
         path and each batch row feeds the uncached committed tokens and its path. Same rows as
         `feed(tokens, extra, tree=tree)` - [1 + N, V], row 0 the root, row 1 + g node g - at the cost of
         K copies of the cache and K times the work."""
@@ -265,7 +265,7 @@ class Session:
     ):
         self.target_model, self.draft_model = target, draft
         self.target = ModelRunner(target)
-        self.draft = ModelRunner(draft) if draft is not None else None
+        self.draft: ModelRunner | None = None  # the draft model's runner, made by `draft_runner` for a drafter
         self.tokens = list(prompt)
         self.prompt_length = len(prompt)
         self.sampling = sampling
@@ -309,25 +309,28 @@ class Session:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
 
-    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None,
-               draft_entries: list[int] | None = None) -> None:
+    def draft_runner(self) -> ModelRunner:
+        """The draft model's runner, made on first use: the drafter that asks for it feeds and commits it
+        (the session only reads its counters)."""
+        if self.draft_model is None:
+            raise ValueError("this generation has no draft model")
+        if self.draft is None:
+            self.draft = ModelRunner(self.draft_model)
+        return self.draft
+
+    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None) -> None:
         """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
-        commit both runners to the accepted path. `drafted`: draft positions this iteration (for the
-        acceptance rate); `nodes`: proposed nodes, when a tree holds more than `drafted`; `depth`: the
-        proposal's depth when it differs from `drafted` (several chains); `draft_entries`: the draft cache's
-        entry for each proposed node, when the draft fed a different tree (beam drafting)."""
+        commit the target's cache to the accepted path (the drafter commits its own on `accept`).
+        `drafted`: draft positions this iteration (for the acceptance rate); `nodes`: proposed nodes, when a
+        tree holds more than `drafted`; `depth`: the proposal's depth when it differs from `drafted`
+        (several chains)."""
         self.append(verdict.new_tokens)
         self.count(len(verdict.accepted), verdict.rejected, drafted, nodes, depth)
-        for runner in (self.target, self.draft):
-            if runner is None:
-                continue
-            # accepted nodes a runner never scored (the draft's leaves; the target's last draft when no
-            # bonus token is asked for) stay committed but uncached and are fed with the next step
-            accepted = verdict.accepted
-            if runner is self.draft and draft_entries is not None:
-                accepted = [draft_entries[g] for g in accepted]
-            cached = list(itertools.takewhile(lambda g, r=runner: g < r.tentative, accepted))
-            runner.commit(len(self.tokens), cached)
+        # accepted nodes the target never scored (its last draft when no bonus token is asked for) stay
+        # committed but uncached and are fed with the next step
+        runner = self.target
+        cached = list(itertools.takewhile(lambda g: g < runner.tentative, verdict.accepted))
+        runner.commit(len(self.tokens), cached)
 
     def count(self, accepted: int, rejected: bool, drafted: int = 0, nodes: int | None = None,
               depth: int | None = None) -> None:
@@ -357,3 +360,32 @@ class Session:
             self.stopped = "length" if len(self.new_tokens) >= self.max_new_tokens else "context"
         if self.on_tokens is not None and tokens:
             self.on_tokens(tokens)
+
+
+class Hypotheses:
+    """Several hypotheses of one length (beam methods): their token rows, joint target log-likelihoods, and
+    the ones that ended (with a stop token) on the way. `answer` picks the output."""
+
+    def __init__(self, s: Session):
+        self.rows = [list(s.tokens)]
+        self.scores = torch.zeros(1, dtype=torch.float64)
+        self.start = s.prompt_length
+        self.finished: list[tuple[float, list[int]]] = []
+        self.max_new_tokens, self.max_length = s.max_new_tokens, s.max_length
+
+    def room(self) -> int:
+        """Tokens that may still be appended to every row (budget and context)."""
+        length = len(self.rows[0]) if self.rows else 0
+        left = self.max_new_tokens - (length - self.start)
+        return left if self.max_length is None else min(left, self.max_length - length)
+
+    def finish(self, score: float, row: list[int]) -> None:
+        self.finished.append((float(score), row[self.start :]))
+
+    def answer(self, length_penalty: float) -> list[int]:
+        """The output among finished and current hypotheses: the highest log-likelihood / length **
+        length_penalty (transformers' name and formula). 1 ranks by the mean log-likelihood per token, the
+        perplexity outputs are judged by; 0 by the total, which favours short answers."""
+        candidates = self.finished + [(float(sc), r[self.start :]) for sc, r in zip(self.scores.tolist(), self.rows,
+                                                                                   strict=True)]
+        return max(candidates, key=lambda c: c[0] / max(1, len(c[1])) ** length_penalty)[1]

@@ -30,7 +30,7 @@ def mean_logprob(target: LanguageModel, prompt_ids: list[int], output_ids: list[
 
 
 def perplexity(mean_logprobs: Iterable[float | None]) -> float | None:
-    """exp(-mean of the outputs' mean log-probabilities): one output's perplexity, or seed 000's aggregate
+    """exp(-mean of the outputs' mean log-probabilities): one output's perplexity, or MTAD's aggregate
     over several (outputs without tokens left out)."""
     values = [v for v in mean_logprobs if v is not None]
     return math.exp(-sum(values) / len(values)) if values else None

@@ -5,6 +5,11 @@ No torch here: the command line parses its arguments before loading anything hea
 
 from __future__ import annotations
 
+# What `generate()` and `multispec generate` run when no method is named: speculative sampling that copies
+# from the text where it repeats, drafts with the draft model elsewhere (where one is given), and picks each
+# draft length, zero included, from the target's measured cost and the acceptance so far.
+DEFAULT_METHOD = "sd:gamma=auto,drafter=hybrid"
+
 
 def parse_params(items: list[str], what: str = "--param") -> dict[str, str]:
     """['gamma=4', 'k-config=2x2'] -> {'gamma': '4', 'k_config': '2x2'} (dashes in keys become underscores)."""

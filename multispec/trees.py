@@ -63,7 +63,7 @@ class TokenTree:
 
     @classmethod
     def from_branching(cls, branching: list[int] | tuple[int, ...]) -> TokenTree:
-        """The full tree of a k-config (seed 004 §3.7): k_1 children of the root, k_2 children of each of
+        """The full tree of a k-config (MCSD §3.7): k_1 children of the root, k_2 children of each of
         those, and so on. Breadth-first order, each node's children contiguous in draw order: child c of
         the i-th node of depth d is the (i * k_{d+1} + c)-th node of depth d + 1."""
         branching = tuple(branching)

@@ -8,23 +8,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multispec import generate
-from multispec.adaptive import _COSTS, EXPLORE, DraftLength, ForwardCost, cost_key, forward_cost
 from multispec.check import check_method
-from multispec.drafters import Lookup, NgramIndex, Suffix, fixed_proposal
+from multispec.drafting import Lookup, NgramIndex, Option, Proposal, Setup, Suffix, fixed_proposal, setup_of
+from multispec.drafting.length import EXPLORE, DraftLength
+from multispec.models.cost import _COSTS, ForwardCost, cost_key, forward_cost
 from multispec.models.markov import random_markov_pair
-from multispec.proposers import Option, Proposal
 from multispec.trees import TokenTree
 from multispec.verify import recursive_rejection, tree_verify
+from multispec.warp import Sampling
 
 RUNS = 6000
 
 
-class _Tokens:
-    """Just what a copying drafter reads from a session."""
-
-    def __init__(self, tokens, vocab=10):
-        self.tokens = list(tokens)
-        self.target_model = type("M", (), {"device": torch.device("cpu"), "vocab_size": vocab})()
+SETUP = Setup(Sampling(1.0), torch.Generator(), 10, torch.device("cpu"))
 
 
 # -- the n-gram index and the two copying drafters --------------------------------------------------------
@@ -64,23 +60,22 @@ def test_index_match_agrees_with_a_brute_force_search(tokens, min_n, extra):
 
 
 def test_lookup_copies_what_followed_the_latest_occurrence():
-    s = _Tokens([5, 6, 1, 5, 6, 2, 8, 5, 6])
-    copy = Lookup(1, 3).find(s, (1, 1, 1))
+    copy = Lookup(SETUP, 1, 3).find([5, 6, 1, 5, 6, 2, 8, 5, 6], (1, 1, 1))
     assert copy.tokens == [2, 8, 5] and copy.key == "lookup:2"
     assert copy.parents == [-1, 0, 1]
 
 
 def test_suffix_proposes_the_most_frequent_continuation_and_a_tree_of_the_top_ones():
-    s = _Tokens([5, 1, 2, 5, 1, 2, 5, 3, 4, 5])
-    chain = Suffix(1, 1).find(s, (1, 1))
+    s = [5, 1, 2, 5, 1, 2, 5, 3, 4, 5]
+    chain = Suffix(SETUP, 1, 1).find(s, (1, 1))
     assert chain.tokens == [1, 2] and chain.counts == [2, 2]  # 5 -> 1 twice, 5 -> 3 once
-    tree = Suffix(1, 1).find(s, (2, 1))
+    tree = Suffix(SETUP, 1, 1).find(s, (2, 1))
     assert tree.tokens == [1, 3, 2, 4] and tree.parents == [-1, -1, 0, 1] and tree.counts == [2, 1, 2, 1]
 
 
 def test_fixed_proposal_rows_are_one_hot_on_each_parents_first_child():
-    s = _Tokens([5, 1, 2, 5, 1, 2, 5, 3, 4, 5])
-    p = fixed_proposal(s, Suffix(1, 1).find(s, (2, 1)))
+    s = [5, 1, 2, 5, 1, 2, 5, 3, 4, 5]
+    p = fixed_proposal(SETUP, Suffix(SETUP, 1, 1).find(s, (2, 1)))
     assert p.fixed.all() and p.tree.size == 4
     assert p.draft_probs.shape == (3, 10)  # root, node 0, node 1
     assert p.draft_probs[0, 1] == 1 and p.draft_probs[1, 2] == 1 and p.draft_probs[2, 4] == 1
@@ -153,20 +148,22 @@ class _UniformRows(Lookup):
     """A plausible mistake: the copy verified against a flat draft row instead of its one-hot row (and no
     fixed mask), so a copied token passes with min(1, V * target) - far too often."""
 
-    def propose(self, s, shape):
-        p = super().propose(s, shape)
+    def propose(self, context, shape):
+        p = super().propose(context, shape)
         flat = torch.full_like(p.draft_probs, 1 / p.draft_probs.shape[-1])
         return Proposal(p.tree, p.tokens, flat)
 
 
-def test_copies_verified_against_a_flat_row_fail_the_checker():
-    report = check_method("sd", runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, gamma=3,
-                          proposer=lambda s: _UniformRows(1, 3))
+def test_copies_verified_against_a_flat_row_fail_the_checker(monkeypatch):
+    import multispec.decoding.sd
+
+    monkeypatch.setattr(multispec.decoding.sd, "make_drafter", lambda *a, **k: _UniformRows(setup_of(a[1]), 1, 3))
+    report = check_method("sd", runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, gamma=3)
     assert not report.passed
 
 
 def test_suffix_trees_without_the_fixed_mask_fail_the_checker(monkeypatch):
-    import multispec.drafters as drafters
+    import multispec.drafting.copying as drafters
 
     real = drafters.fixed_proposal
 

@@ -1,16 +1,17 @@
 """`dsbd` and the engine's hypotheses: cache rows fed as forests and committed per row, the draft forest,
-the reductions that pin dsbd's law (beam sampling at fixed width, sd at width one), the traps of seed
-003 §4.4 failing the same test, and the bookkeeping."""
+the reductions that pin dsbd's law (beam sampling of width W_L at fixed width, sd at width one), the traps of
+DSBD §4.4 failing the same test, and the bookkeeping."""
 
 import numpy as np
 import pytest
 import torch
 
+import multispec.verify.beam
 from multispec import generate
 from multispec.check import check_method
-from multispec.engine import ModelRunner, Session
+from multispec.drafting import ForestDraft, setup_of
+from multispec.engine import Hypotheses, ModelRunner, Session
 from multispec.models.markov import HistoryLM, MarkovLM, random_markov_pair
-from multispec.proposers import ForestDraft
 from multispec.warp import Sampling
 from tests.wrong_rules import reversed_ratio_layer_verify
 
@@ -60,7 +61,7 @@ def test_the_forest_keeps_each_layers_whole_beam_distribution():
     target, draft = random_markov_pair(4, 12, 1)
     sampling = Sampling(1.0, top_k=6)
     s = Session(target, draft, [2], sampling, 16, torch.Generator().manual_seed(0))
-    forest = ForestDraft().propose(s, [[2]], 3, 2)
+    forest = ForestDraft(s.draft_runner(), setup_of(s)).propose(Hypotheses(s), (3, 3))
     first, second = forest.layers
     assert np.allclose(first.draft_beam.numpy(), sampling.probs(torch.log(draft.conditionals(0)[2])).numpy())
     joint = torch.log(draft.conditionals(0)[2])[first.tokens][:, None] + torch.log(draft.conditionals(1)[first.tokens])
@@ -77,9 +78,9 @@ def test_one_draft_beam_is_speculative_sampling_exactly():
     assert report.passed, report.pairs
 
 
-def test_the_reversed_ratio_of_the_papers_algorithm_fails_the_same_check():
-    report = check_method("dsbd", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=6, draft_width=1, gamma=2,
-                          layer_rule=reversed_ratio_layer_verify)
+def test_the_reversed_ratio_of_the_papers_algorithm_fails_the_same_check(monkeypatch):
+    monkeypatch.setattr(multispec.verify.beam, "beam_layer_verify", reversed_ratio_layer_verify)
+    report = check_method("dsbd", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=6, draft_width=1, gamma=2)
     assert not report.passed
 
 
@@ -107,24 +108,51 @@ def _beam_pair():
     return MarkovLM(p, name="t"), MarkovLM(q, name="d")
 
 
-def test_fixed_width_dsbd_answers_like_beam_sampling_and_a_wrong_ratio_does_not():
-    # at fixed width a layer passes only when every draft does, so no parent is ever dead there: the
+def test_fixed_width_dsbd_answers_like_beam_sampling_and_a_wrong_ratio_does_not(monkeypatch):
+    # at W_L = W_S a layer passes only when every draft does, so no parent is ever dead there: the
     # dropping trap is tested on the layer rule itself (test_verify_beam)
     target, draft = _beam_pair()
     beam = _answers("beam", target, None, 3000, width=2)
     dsbd = _answers("dsbd", target, draft, 3000, draft_width=2, width_threshold=0.0, gamma=2)
     assert _two_sample_p(beam, dsbd) > 1e-3
-    wrong = _answers("dsbd", target, draft, 3000, draft_width=2, width_threshold=0.0, gamma=2,
-                     layer_rule=reversed_ratio_layer_verify)
+    monkeypatch.setattr(multispec.verify.beam, "beam_layer_verify", reversed_ratio_layer_verify)
+    wrong = _answers("dsbd", target, draft, 3000, draft_width=2, width_threshold=0.0, gamma=2)
     assert _two_sample_p(beam, wrong) < 1e-4
 
 
-def test_greedy_dsbd_is_greedy_ar():
-    for seed in range(3):
-        target, draft = random_markov_pair(5, 40, 400 + seed)
-        ar = generate(target, None, [1], method="ar", temperature=0, max_new_tokens=30).token_ids
-        for kw in ({"width_threshold": 0.0}, {}, {"one_cache": True}):
-            assert generate(target, draft, [1], method="dsbd", temperature=0, max_new_tokens=30, **kw).token_ids == ar
+def test_two_widths_keep_the_law_of_beam_sampling_of_the_beam_width():
+    # W_S = 3 drafts per layer, W_L = 2 beams: a layer passes at its second acceptance, children of the
+    # unkept draft are dead parents at the next layer (rejected, residual updated), a failed layer is filled
+    # to 2 and 2 beams are drawn after full acceptance (DSBD Algorithm 1, lines 28-34)
+    target, draft = _beam_pair()
+    beam = _answers("beam", target, None, 3000, width=2)
+    dsbd = _answers("dsbd", target, draft, 3000, draft_width=3, beam_width=2, width_threshold=0.0, gamma=2)
+    assert _two_sample_p(beam, dsbd) > 1e-3
+    wider = _answers("beam", target, None, 3000, width=3)
+    assert _two_sample_p(wider, dsbd) < 1e-4  # the test tells the widths apart
+
+
+def test_a_layer_needs_beam_width_acceptances_and_the_output_has_beam_width_beams():
+    from multispec.drafting import ForestLayer
+    from multispec.verify import beam_distribution, forest_verify
+
+    sampling = Sampling(1.0)
+    root = torch.log_softmax(torch.tensor([[0.5, 1.0, -0.3, 0.2]], dtype=torch.float64), -1)
+    nodes = torch.log_softmax(torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
+    target_beam = beam_distribution(torch.zeros(1), root, sampling)
+    layer = ForestLayer(torch.zeros(3, dtype=torch.long), torch.tensor([1, 0, 1]), target_beam)  # draft = target
+    for beam_width in (1, 2, 3):
+        v = forest_verify(torch.zeros(1), root, [layer], [nodes], sampling, beam_width,
+                          generator=torch.Generator().manual_seed(1))
+        assert v.layer_accepted == (beam_width,) and v.widths == (beam_width,) and not v.rejected
+        assert v.depth == 2 and len(v.beams) == beam_width  # W_L beams drawn after the last layer
+        assert all(b.parent < beam_width for b in v.beams)  # children of the accepted drafts only
+
+
+def test_dsbd_at_temperature_zero_is_refused_with_one_line():
+    target, draft = random_markov_pair(5, 40, 400)
+    with pytest.raises(ValueError, match="dsbd.*no temperature-0 form"):
+        generate(target, draft, [1], method="dsbd", temperature=0, max_new_tokens=30)
 
 
 # -- bookkeeping ---------------------------------------------------------------------------------------------------
@@ -159,3 +187,7 @@ def test_min_width_above_the_draft_width_is_refused():
     target, draft = random_markov_pair(3, 10, 0)
     with pytest.raises(ValueError, match=r"min_width \(4\) must not exceed draft_width \(3\)"):
         generate(target, draft, [0], method="dsbd", min_width=4)
+    with pytest.raises(ValueError, match=r"beam_width \(4\) must not exceed draft_width \(3\)"):
+        generate(target, draft, [0], method="dsbd", beam_width=4)
+    with pytest.raises(ValueError, match=r"min_width \(3\) must not exceed beam_width \(2\)"):
+        generate(target, draft, [0], method="dsbd", min_width=3, beam_width=2)

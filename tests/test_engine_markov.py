@@ -27,7 +27,7 @@ def test_sequence_distribution_is_exact_and_normalised():
 
 @pytest.mark.parametrize("gamma, expected", [(1, 1.6), (2, 1.96), (4, (1 - 0.6**5) / 0.4)])
 def test_golden_block_efficiency_on_context_free_pair(gamma, expected):
-    # specs/seed-004 §5.5 example 1: acceptance 0.6 per draft, tau = (1 - a^(g+1)) / (1 - a)
+    # specs/MCSD §5.5 example 1: acceptance 0.6 per draft, tau = (1 - a^(g+1)) / (1 - a)
     target, draft = context_free(EX1_TARGET), context_free(EX1_DRAFT)
     per_iteration, drafted, accepted = [], 0, 0
     for seed in range(6):
@@ -44,7 +44,7 @@ def test_golden_block_efficiency_on_context_free_pair(gamma, expected):
 
 
 def test_golden_acceptance_instance_a():
-    # specs/seed-002 §6.3 instance A: TV = 0.3, so acceptance 0.7 (the spec's p is our draft)
+    # the theory spec §6.3 instance A: TV = 0.3, so acceptance 0.7 (the spec's p is our draft)
     target, draft = context_free([0.2, 0.3, 0.5]), context_free([0.5, 0.3, 0.2])
     s = generate(target, draft, [0], method="sd", gamma=1, max_new_tokens=6000, seed=3).stats
     assert abs(s["accepted"] / s["drafted"] - 0.7) < 0.02

@@ -1,5 +1,5 @@
 """Joint verification and the joint methods (`mtad`, `mjsd`): hand-built cases for the pure rule, the
-properties of seed 000 §4.1 and seed 001 §4.6 on small Markov models, and the edge cases."""
+properties of MTAD §4.1 and MJSD §4.6 on small Markov models, and the edge cases."""
 
 import math
 
@@ -9,9 +9,9 @@ import torch
 
 from multispec import generate
 from multispec.check import check_method
+from multispec.drafting import BeamDraft, setup_of
 from multispec.engine import Session
 from multispec.models.markov import MarkovLM, random_markov_pair
-from multispec.proposers import BeamDraft
 from multispec.verify import joint_verify, rollback_verify
 from multispec.warp import Sampling
 
@@ -76,13 +76,18 @@ def _session(target, draft, prompt, sampling, seed=0):
     return Session(target, draft, prompt, sampling, 16, torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("deterministic, raw", [(False, False), (True, False), (True, True)])
-def test_beam_draft_logq_is_the_joint_of_the_returned_path(deterministic, raw):
+def _beams(s, width, deterministic=False, ratio="warped", warp="joint"):
+    return BeamDraft(s.draft_runner(), setup_of(s), width, deterministic, ratio, warp)
+
+
+@pytest.mark.parametrize("deterministic, raw, warp", [(False, False, "rows"), (True, False, "rows"), (True, True, "rows"),
+                                                      (False, True, "joint"), (True, True, "joint")])
+def test_beam_draft_logq_is_the_joint_of_the_returned_path(deterministic, raw, warp):
     target, draft = random_markov_pair(5, 12, 3)
     sampling = Sampling(1.0, top_k=3)
     for seed in range(10):
         s = _session(target, draft, [2], sampling, seed)
-        p = BeamDraft(4, deterministic, raw).propose(s, (1, 1, 1))
+        p = _beams(s, 4, deterministic, "raw" if raw else "warped", warp).propose(s.tokens, (1, 1, 1))
         tokens = [2] + p.tokens.tolist()
         fresh, total = [], 0.0
         for i in range(3):  # recomputed from the draft's tables, position by position
@@ -97,7 +102,7 @@ def test_beam_decoding_with_a_wide_beam_finds_the_joint_argmax():
     # W >= V^(g - 1) keeps every prefix alive: the best beam is the exact argmax of the draft's joint
     target, draft = random_markov_pair(3, 8, 5)
     s = _session(target, draft, [1], Sampling(1.0))
-    p = BeamDraft(9, deterministic=True).propose(s, (1, 1, 1))
+    p = _beams(s, 9, deterministic=True).propose(s.tokens, (1, 1, 1))
     outcomes, prob = draft.sequence_distribution([1], 3, Sampling(1.0))
     assert p.tokens.tolist() == outcomes[int(prob.argmax())].tolist()
 
@@ -108,9 +113,75 @@ def test_beam_sampling_of_width_one_is_ancestral_sampling_from_the_draft():
     counts = np.zeros(len(exact))
     index = {tuple(o.tolist()): i for i, o in enumerate(outcomes)}
     for seed in range(3000):
-        p = BeamDraft(1).propose(_session(target, draft, [0], Sampling(1.0), seed), (1, 1))
+        s = _session(target, draft, [0], Sampling(1.0), seed)
+        p = _beams(s, 1).propose(s.tokens, (1, 1))
         counts[index[tuple(p.tokens.tolist())]] += 1
     assert np.abs(counts / counts.sum() - exact.numpy()).max() < 0.03
+
+
+def _top_p_trap():
+    """A draft whose top-p 0.5 support after the prompt is {1}, while the raw 2-step joint is won by the
+    beam (2, 3): 0.45 * 0.997 against 0.549 * 0.25."""
+    tiny = 1e-6
+    first = [tiny, 0.549, 0.45, tiny]
+    after = {1: [0.25, 0.25, 0.25, 0.25], 2: [tiny, tiny, 0.003, 0.997]}
+    table = np.full((3, 4, 4), 0.25)
+    table[0, 0] = first
+    for token, row in after.items():
+        table[1, token] = row
+    table /= table.sum(-1, keepdims=True)
+    return MarkovLM(table, name="trap")
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("warp", ["joint", "rows"])
+def test_beams_never_leave_the_drafts_warped_support(deterministic, warp):
+    # ranking by the raw draft kept beam (2, 3), whose warped log q is -inf: the joint test's margin was
+    # then +inf and the prefix passed whatever tau was
+    draft = _top_p_trap()
+    for seed in range(5):
+        s = _session(draft, draft, [0], Sampling(1.0, top_p=0.5), seed)
+        p = _beams(s, 2, deterministic, "warped", warp).propose(s.tokens, (1, 1))
+        assert p.tokens[0] == 1 and torch.isfinite(p.logq).all()
+
+
+def test_mjsd_under_top_p_applies_the_tau_test():
+    # the target's top-p 0.5 support is (2, 3): the raw-ranked beam (2, 3) used to pass with an infinite
+    # margin; the draft's warped support starts with 1, which the warped target rules out
+    draft = _top_p_trap()
+    tiny = 1e-6
+    t = np.full((3, 4, 4), 0.25)
+    t[0, 0] = [tiny, 0.3, 0.7, tiny]
+    t[1, 2] = [tiny, tiny, 0.1, 0.9]
+    target = MarkovLM(t / t.sum(-1, keepdims=True), name="target")
+    for seed in range(5):
+        r = generate(target, draft, [0], method="mjsd", width=2, gamma=2, tau=0.5, top_p=0.5, max_new_tokens=3,
+                     seed=seed, score=False)
+        # first block: (1, x) rejected at once, 2 from the target; second: one draft, 3, which both allow
+        assert r.token_ids[:2] == [2, 3] and r.stats["target_calls"] == 2 and r.stats["accepted"] == 1
+
+
+def test_the_joint_warp_is_mtads_eq_2_and_the_row_warp_the_authors_code():
+    from multispec.decoding import get_method
+    from multispec.verify import beam_distribution
+
+    target, draft = random_markov_pair(6, 8, 2)
+    sampling = Sampling(0.8, top_k=3)
+    s = _session(target, draft, [0], sampling)
+    score = torch.tensor([-0.2, -1.5, -0.9], dtype=torch.float64)
+    logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    joint_w, _, joint_step = _beams(s, 3, warp="joint").extensions(score, logits)
+    rows_w, _, rows_step = _beams(s, 3, warp="rows").extensions(score, logits)
+    eq2 = beam_distribution(score, torch.log_softmax(logits, -1), sampling)
+    assert torch.allclose(joint_w.exp(), eq2)  # top-k 3 over all 18 extensions: 3 survive
+    per_row = score[:, None] + torch.log(sampling.probs(logits))
+    assert torch.allclose(torch.softmax(rows_w, -1), torch.softmax(per_row.reshape(-1), -1))  # 3 per row: 9
+    assert int(torch.isfinite(joint_w).sum()) == 3 and int(torch.isfinite(rows_w).sum()) == 9
+    # log q for a warped ratio: the warp's conditional of the token given its beam, finite where drawable
+    assert torch.isfinite(joint_step.reshape(-1)[torch.isfinite(joint_w)]).all()
+    assert torch.allclose(rows_step, torch.log(sampling.probs(logits)))
+    assert get_method("mtad").params["beam_warp"].default == "joint"
+    assert get_method("mjsd").params["beam_warp"].default == "rows"
 
 
 # -- the methods ----------------------------------------------------------------------------------------------

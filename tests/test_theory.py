@@ -7,7 +7,7 @@ from scipy.optimize import linprog
 from multispec.theory import calculators as calc
 from multispec.theory.simulate import first_token_law, rejections_per_run
 
-# Instance A (seed 002 §6.3, test 4); the spec's p is the draft and q the target.
+# Instance A (the theory spec §6.3, test 4); the spec's p is the draft and q the target.
 A_DRAFT, A_TARGET = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5])
 
 

@@ -6,7 +6,9 @@ import torch
 
 from multispec import generate
 from multispec.check import check_method
+from multispec.decoding import get_method
 from multispec.decoding.tree import decode_mcsd
+from multispec.drafting import DraftTree, setup_of
 from multispec.engine import ModelRunner, Session
 from multispec.models.markov import random_markov_pair
 from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
@@ -19,7 +21,7 @@ PROMPT = [5, 17, 3, 42, 8, 11, 9, 30]
 
 
 def test_from_branching_layout():
-    tree = TokenTree.from_branching([2, 2])  # seed 004 §3.9 worked example
+    tree = TokenTree.from_branching([2, 2])  # MCSD §3.9 worked example
     assert tree.parents.tolist() == [-1, -1, 0, 0, 1, 1]
     assert tree.children(-1) == (0, 1) and tree.children(0) == (2, 3) and tree.children(1) == (4, 5)
     assert tree.depth.tolist() == [1, 1, 2, 2, 2, 2]
@@ -130,7 +132,7 @@ def test_mcsd_continues_from_its_compacted_cache():
     # committed sequence
     model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
     s = Session(model, draft, PROMPT, Sampling(1.0), 20, torch.Generator().manual_seed(5))
-    decode_mcsd(s, k_config="3x2x1")
+    decode_mcsd(s, **get_method("mcsd").resolve({"k_config": "3x2x1"}))
     assert s.counters["rejections"] > 0 and s.counters["accepted"] > 0  # paths other than node 0 were kept
     for runner, m in ((s.target, model), (s.draft, draft)):
         with torch.no_grad():
@@ -148,7 +150,6 @@ def test_commit_cuts_at_an_eos_inside_the_accepted_path():
     s = session(eos=3)
     tree = TokenTree.from_branching([2, 1, 1])
     s.target.feed(s.tokens, torch.tensor([1, 2, 3, 4, 5, 0]), tree=tree)
-    s.draft.feed(s.tokens, torch.tensor([1, 2, 3, 4]), tree=tree, nodes=slice(0, 4))
     s.commit(Verdict((1, 3, 5), (2, 3, 0), 4, False), drafted=3)  # EOS is the second accepted token
     assert s.new_tokens == [2, 3] and s.stopped == "eos"
     assert s.counters["accepted"] == 3 and s.counters["iterations"] == 1
@@ -159,10 +160,24 @@ def test_commit_cuts_at_the_budget_inside_the_accepted_path():
     s = session(budget=2)
     tree = TokenTree.from_branching([1, 1, 1])
     s.target.feed(s.tokens, torch.tensor([1, 2, 4]), tree=tree)
-    s.draft.feed(s.tokens, torch.tensor([1, 2]), tree=tree, nodes=slice(0, 2))
     s.commit(Verdict((0, 1, 2), (1, 2, 4), 5, False), drafted=3)
     assert s.new_tokens == [1, 2] and s.stopped == "length"
-    assert s.target.committed == 2 and s.draft.committed == 2  # prompt + the first draft; the last uncached
+    assert s.target.committed == 2  # prompt + the first draft; the last uncached
+
+
+def test_a_model_drafter_keeps_the_accepted_nodes_it_fed_and_drops_the_rest():
+    s = session(budget=10)
+    drafter = DraftTree(s.draft_runner(), setup_of(s))
+    proposal = drafter.propose(s.tokens, (2, 2, 1))  # levels 1 and 2 fed (6 entries), level 3 not
+    assert s.draft.tentative == 6
+    path = (1, 4)  # node 1 at depth 1, its second child at depth 2
+    assert proposal.tree.is_root_path(list(path))
+    verdict = Verdict(path, tuple(int(proposal.tokens[g]) for g in path), 0, True)
+    s.commit(verdict, drafted=3)
+    drafter.accept(verdict)
+    assert s.draft.committed == 1 + 2 and s.draft.tentative == 0  # prompt + both accepted nodes
+    fresh = s.draft_model.forward(s.draft_model.new_cache(), torch.tensor([s.tokens]))[0, -1]
+    assert torch.allclose(s.draft.feed(s.tokens)[-1], fresh, atol=1e-6)
 
 
 @pytest.mark.parametrize("method, params, sampling", [
@@ -188,13 +203,16 @@ def test_tree_methods_pass_on_full_history_models(params):
     assert report.passed, report.pairs
 
 
-@pytest.mark.parametrize("params", [
-    {"k_config": "3x2", "replacement": True, "rule": dedupe_rejection},  # skipping duplicate candidates
-    {"k_config": "3x2", "replacement": False, "rule": sorted_rejection},  # sorting candidates by the draft
-    {"k_config": "3x2", "replacement": False, "verifier": "mcss",  # without replacement, Algorithm 1's residual
-     "rule": __import__("multispec.verify", fromlist=["x"]).recursive_rejection},
+@pytest.mark.parametrize("params, wrong", [
+    ({"k_config": "3x2", "replacement": True}, dedupe_rejection),  # skipping duplicate candidates
+    ({"k_config": "3x2", "replacement": False}, sorted_rejection),  # sorting candidates by the draft
+    ({"k_config": "3x2", "replacement": False},  # without replacement, Algorithm 1's residual
+     __import__("multispec.verify", fromlist=["x"]).recursive_rejection),
 ])
-def test_plausible_mistakes_fail_the_checker(params):
+def test_plausible_mistakes_fail_the_checker(params, wrong, monkeypatch):
+    import multispec.decoding.tree
+
+    monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: wrong)
     report = check_method("mcsd", runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5, **params)
     assert not report.passed
 

@@ -1,4 +1,4 @@
-"""Layer-by-layer beam verification and the dynamic width (seed 003): hand-built cases, the exact law of
+"""Layer-by-layer beam verification and the dynamic width (DSBD): hand-built cases, the exact law of
 one layer's outputs, the acceptance-count recursion against enumeration, and the traps of spec §4.4."""
 
 import itertools
@@ -33,7 +33,7 @@ def test_a_draft_equal_to_its_target_candidate_distribution_is_always_accepted()
     for seed in range(20):
         gen = torch.Generator().manual_seed(seed)
         drafts = torch.multinomial(beam.float(), 3, replacement=True, generator=gen)
-        v = beam_layer_verify(beam, beam, drafts, torch.ones(3, dtype=torch.bool), 3, 3, gen)
+        v = beam_layer_verify(beam, beam, drafts, torch.ones(3, dtype=torch.bool), 3, 4, gen)
         assert v.accepted == (0, 1, 2) and not v.rejected and v.next_token is None
 
 
@@ -41,12 +41,12 @@ def test_a_draft_of_a_dead_parent_is_rejected_and_the_layer_fills_its_width():
     target = _dist(0, 0, 1, 1)  # candidates 0, 1 belong to a rejected parent
     draft = _dist(1, 1, 1, 1)
     v = beam_layer_verify(target, draft, torch.tensor([0, 1, 0]), torch.tensor([False, False, False]), 2, 4)
-    assert v.accepted == () and v.rejected and v.next_token in (2, 3)
-    assert len(v.extra) == 3 and set(v.extra) <= {2, 3}
+    assert v.accepted == () and v.rejected and v.drawn == 0 and v.next_token in (2, 3)
+    assert len(v.beams) == 2 and {b.token for b in v.beams} <= {2, 3} and {b.parent for b in v.beams} == {0}
 
 
-def _outputs(v):
-    return list(v.tokens) + ([v.next_token] if v.next_token is not None else []) + list(v.extra)
+def _outputs(v, vocab):
+    return [b.parent * vocab + b.token for b in v.beams]
 
 
 def _layer_law(rule, target, draft, parent_of, live_parents, m, width, runs, seed=0):
@@ -58,7 +58,7 @@ def _layer_law(rule, target, draft, parent_of, live_parents, m, width, runs, see
     for _ in range(runs):
         drafts = torch.multinomial(draft.float(), m, replacement=True, generator=gen)
         live = live_parents[parent_of[drafts]]
-        out = _outputs(rule(target, draft, drafts, live, width, width, gen))
+        out = _outputs(rule(target, draft, drafts, live, width, n, gen), n)
         counts[tuple(out[:width])] += 1
     return counts / runs
 
@@ -93,17 +93,17 @@ def test_dropping_the_drafts_of_dead_parents_without_renormalising_is_biased():
 
 def _without_replacement(rule):
     """Wrong drafting (spec §4.4 item 4): the m drafts drawn without replacement (here: distinct candidates)."""
-    def verify(target, draft, drafts, live, width, out_width, gen):
+    def verify(target, draft, drafts, live, width, vocab, gen):
         distinct = torch.multinomial(draft.float(), drafts.numel(), replacement=False, generator=gen)
-        return rule(target, draft, distinct, torch.ones_like(live), width, out_width, gen)
+        return rule(target, draft, distinct, torch.ones_like(live), width, vocab, gen)
     return verify
 
 
 def _sorted(rule):
     """Wrong drafting: the i.i.d. drafts re-sorted by their draft probability, best first."""
-    def verify(target, draft, drafts, live, width, out_width, gen):
+    def verify(target, draft, drafts, live, width, vocab, gen):
         order = torch.argsort(draft[drafts], descending=True, stable=True)
-        return rule(target, draft, drafts[order], live[order], width, out_width, gen)
+        return rule(target, draft, drafts[order], live[order], width, vocab, gen)
     return verify
 
 
@@ -162,7 +162,7 @@ def test_the_count_law_is_what_verification_does():
     gen = torch.Generator().manual_seed(0)
     for _ in range(20000):
         drafts = torch.multinomial(draft.float(), 4, replacement=True, generator=gen)
-        counts[len(beam_layer_verify(target, draft, drafts, torch.ones(4, dtype=torch.bool), 4, 4, gen).accepted)] += 1
+        counts[len(beam_layer_verify(target, draft, drafts, torch.ones(4, dtype=torch.bool), 4, 6, gen).accepted)] += 1
     assert np.abs(counts / counts.sum() - acceptance_count_law(target, draft, 4).numpy()).max() < 0.015
 
 

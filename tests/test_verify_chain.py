@@ -63,7 +63,7 @@ def test_monte_carlo_first_token_law_and_acceptance():
     for _ in range(10000):
         tokens = torch.multinomial(draft, 1, generator=g)[:, 0]
         accepted.append(len(speculative_verify(target, draft, tokens, g).accepted))
-    # context-free rows: block efficiency for gamma 2 is 1 + a + a^2 = 1.96 (specs/seed-004 §5.5)
+    # context-free rows: block efficiency for gamma 2 is 1 + a + a^2 = 1.96 (specs/MCSD §5.5)
     assert abs(1 + np.mean(accepted) - 1.96) < 4 * np.std(accepted) / np.sqrt(len(accepted))
 
 

@@ -1,11 +1,11 @@
-"""Tree verification as pure functions: golden numbers of seed 004 §5.5 through the verifiers themselves,
+"""Tree verification as pure functions: golden numbers of MCSD §5.5 through the verifiers themselves,
 the known-wrong variants of §5.6, and hand-built edge cases."""
 
 import numpy as np
 import pytest
 import torch
 
-from multispec.proposers import draw_children
+from multispec.drafting import draw_children
 from multispec.trees import TokenTree
 from multispec.verify import (
     Verdict,
@@ -90,7 +90,7 @@ def test_golden_tree_block_efficiency(branching, replacement, expected):
     assert abs(tau - expected) < 0.035, tau
 
 
-# -- known-wrong variants (seed 004 §5.6 item 10): each must give the wrong law --------------------------
+# -- known-wrong variants (MCSD §5.6 item 10): each must give the wrong law --------------------------
 
 @pytest.mark.parametrize("rule, k, replacement, wrong_law", [
     (dedupe_rejection, 3, True, [0.436, 0.364, 0.2]),
@@ -115,7 +115,7 @@ def test_alg2_accepts_at_least_as_often_as_alg1_and_both_beat_naive(seed):
 
 
 def test_full_support_without_replacement_always_accepts():
-    # seed 004 §5.6 item 7: k >= |supp(draft)| and supp(target) within it
+    # MCSD §5.6 item 7: k >= |supp(draft)| and supp(target) within it
     rate, _ = node_law(without_replacement_rejection, EX1_TARGET, EX1_DRAFT, 3, False, 5000)
     assert rate == 1.0
 

@@ -1,5 +1,7 @@
 """Known-wrong verification rules, shared by the tests that show each one fails (not a test module)."""
 
+from dataclasses import replace
+
 import torch
 
 from multispec.verify import Verdict, recursive_rejection, without_replacement_rejection
@@ -34,19 +36,19 @@ def sorted_rejection(target, draft, candidates, generator=None):
     return (None if index is None else int(order[index])), token
 
 
-def dropping_beam_layer_verify(target_beam, draft_beam, drafts, live, width, out_width, generator=None):
-    """Wrong (seed 003 §4.4 item 1, the paper-literal reading): drafts whose parent was rejected are skipped
+def dropping_beam_layer_verify(target_beam, draft_beam, drafts, live, width, vocab, generator=None):
+    """Wrong (DSBD §4.4 item 1, the paper-literal reading): drafts whose parent was rejected are skipped
     without updating the residual, while the draft distribution is left un-renormalised."""
     from multispec.verify import beam_layer_verify
 
     keep = live.nonzero().flatten()
-    v = beam_layer_verify(target_beam, draft_beam, drafts[keep], live[keep], width, out_width, generator)
-    return Verdict(tuple(int(keep[j]) for j in v.accepted), v.tokens, v.next_token, v.rejected, v.extra)
+    v = beam_layer_verify(target_beam, draft_beam, drafts[keep], live[keep], width, vocab, generator)
+    return replace(v, accepted=tuple(int(keep[j]) for j in v.accepted))
 
 
-def reversed_ratio_layer_verify(target_beam, draft_beam, drafts, live, width, out_width, generator=None):
-    """Wrong (the typo in seed 003's Algorithm 1): accept with min(1, draft / running) instead of
+def reversed_ratio_layer_verify(target_beam, draft_beam, drafts, live, width, vocab, generator=None):
+    """Wrong (the typo in DSBD's Algorithm 1): accept with min(1, draft / running) instead of
     running / draft."""
     from multispec.verify import beam_layer_verify
 
-    return beam_layer_verify(draft_beam, target_beam, drafts, live, width, out_width, generator)
+    return beam_layer_verify(draft_beam, target_beam, drafts, live, width, vocab, generator)

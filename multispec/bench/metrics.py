@@ -1,5 +1,5 @@
 """Per-output metrics (log-likelihood under the target, ROUGE-L, BLEU, exact match) and the summaries
-used by the report (medians with quartiles, perplexity aggregated as in seed 000)."""
+used by the report (medians with quartiles, perplexity aggregated as in MTAD)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Per temperature and method: medians with quartiles over prompts for the speed counters, the speed-up as
 the median over prompts of the per-prompt tokens/s ratio to the baseline (paired: same prompt, same
-seed), perplexity aggregated as seed 000 does, mean ROUGE-L and exact match, corpus BLEU, and J/token as
+seed), perplexity aggregated as MTAD does, mean ROUGE-L and exact match, corpus BLEU, and J/token as
 total energy over total tokens.
 """
 

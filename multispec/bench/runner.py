@@ -205,13 +205,17 @@ def run_bench(
 
     load_start = _load()
     todo = [(t, p, s) for t in temperatures for p in prompts for s in specs
-            if row_key(p.id, s.label, t) not in done]
+            if row_key(p.id, s.label, t) not in done and (t > 0 or s.name in BASELINES or METHODS[s.name].greedy)]
+    skipped = sorted({s.label for s in specs if s.name not in BASELINES and not METHODS[s.name].greedy}
+                     if 0 in temperatures else set())
+    if skipped and progress:
+        print(f"bench: {', '.join(skipped)} only sample: not run at temperature 0", file=sys.stderr)
     ids_cache: dict[str, list[int]] = {}
     if warmup:  # first calls pay for lazy initialisation; keep that out of the measurements
-        for spec in {s.label: s for _, _, s in todo}.values():
+        for t, _, spec in {s.label: (t, p, s) for t, p, s in todo}.values():
             try:
                 ids = _prompt_ids(target, prompts[0], chat, ids_cache)
-                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(temperatures[0], top_k, top_p), 0)
+                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(t, top_k, top_p), 0)
             except Exception:  # the same failure is recorded on the measured rows
                 pass
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from ..engine import Session
 from ..verify import Verdict
+from .loop import target_step
+from .registry import Method, register
 
 
 def decode(s: Session) -> None:
@@ -13,18 +13,5 @@ def decode(s: Session) -> None:
         s.commit(Verdict.token(target_step(s)))
 
 
-def target_step(s: Session) -> int:
-    """One plain target step: the next token from the target alone."""
-    return int(s.sample(s.sampling.probs(s.target.feed(s.tokens)[-1])))
-
-
-def draft_depths(s: Session, wanted: int, bonus: bool = True) -> Iterator[int]:
-    """The iterations of a drafting loop: while the session runs, how many draft positions this one may
-    hold (`Session.draft_depth`); where no draft fits (room for one token only) a plain target step is
-    taken instead."""
-    while not s.done:
-        depth = s.draft_depth(wanted, bonus)
-        if depth <= 0:
-            s.commit(Verdict.token(target_step(s)))
-            continue
-        yield depth
+register(Method("ar", decode, needs_draft=False, exact="reference",
+                summary="target-only sampling (greedy at temperature 0)"))

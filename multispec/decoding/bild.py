@@ -1,11 +1,11 @@
-"""`bild`: the Big Little Decoder baseline (Kim et al. 2023) as the seed 000 / 001 authors ran it.
+"""`bild`: the Big Little Decoder baseline (Kim et al., 2023) as the MTAD and MJSD authors ran it.
 
 propose: the draft samples up to `max_unchecked` tokens, one at a time, and stops early after a token drawn
          from a distribution whose largest probability is below `fallback` (the draft is unsure);
 score:   one target forward over the uncached committed token and the unchecked tokens;
 verify:  `rollback_verify`: keep the tokens up to the first whose -log target probability exceeds
          `rollback`, then one token from the warped target after the kept prefix;
-commit:  `Session.commit`.
+commit:  the session commits the target; the drafter keeps its accepted tokens.
 
 Lossy by design. The original BiLD lets the target produce the token at the unsure position instead; the
 authors' version, kept here, checks every unchecked token and samples the fallback token.
@@ -13,16 +13,32 @@ authors' version, kept here, checks every unchecked token and samples the fallba
 
 from __future__ import annotations
 
+from ..drafting import DraftChain, setup_of
 from ..engine import Session
-from ..proposers import DraftChain
 from ..verify import rollback_verify
-from .ar import draft_depths
+from .loop import speculate
+from .registry import Method, Param, register
 
 
-def decode(s: Session, fallback: float = 0.9, rollback: float = 1.0, max_unchecked: int = 10) -> None:
-    proposer = DraftChain(fallback=fallback)
-    for g in draft_depths(s, max_unchecked):
-        proposal = proposer.propose(s, (1,) * g)
+def decode(s: Session, *, fallback: float, rollback: float, max_unchecked: int) -> None:
+    drafter = DraftChain(s.draft_runner(), setup_of(s), fallback=fallback)
+
+    def verify(proposal):
         target_probs = s.sampling.probs(s.target.feed(s.tokens, proposal.tokens))
-        verdict = rollback_verify(target_probs, proposal.tokens, rollback, s.generator)
-        s.commit(verdict, drafted=proposal.tokens.shape[0])
+        return rollback_verify(target_probs, proposal.tokens, rollback, s.generator)
+
+    speculate(s, drafter, (1,) * max_unchecked, verify)
+
+
+register(Method("bild", decode, needs_draft=True,
+                exact="lossy by design: the target keeps draft tokens it finds likely enough",
+                summary="Big Little Decoder baseline: the target checks the draft when it is unsure (as run by the "
+                        "MTAD and MJSD authors)",
+                params={"fallback": Param(float, 0.9, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                                          "hand over to the target after a draft token drawn from a distribution "
+                                          "whose largest probability is below this"),
+                        "rollback": Param(float, 1.0, lambda v: v >= 0, "a number >= 0",
+                                          "roll back at the first draft token whose -log target probability "
+                                          "exceeds this"),
+                        "max_unchecked": Param(int, 10, lambda v: v >= 1, "an integer >= 1",
+                                               "draft tokens before the target checks them anyway")}))

@@ -1,100 +1,89 @@
-"""`dsbd`: dynamic-width speculative beam decoding (seed 003): beam sampling made fast by a draft forest.
+"""`dsbd`: dynamic-width speculative beam decoding (DSBD, Qin et al., 2024): beam sampling made fast by a
+draft forest.
 
-State: the hypotheses (input beams): token rows of one length with their joint target log-likelihoods,
-one cache row each in both runners.
-propose: `ForestDraft`: from every input beam the draft beam-samples `draft_width` nodes per layer for
-         `gamma` layers, i.i.d. from its jointly warped beam distribution, each node in its input beam's
+State: the hypotheses (`Hypotheses`): token rows of one length with their joint target log-likelihoods,
+one cache row each in both models.
+propose: `ForestDraft`: from every hypothesis the draft beam-samples `draft_width` (W_S) nodes per layer for
+         `gamma` layers, i.i.d. from its jointly warped beam distribution, each node in its hypothesis'
          cache row (a tree per row);
-score:   one target forward over the whole forest: one batch row per input beam, ancestor-only masks,
+score:   one target forward over the whole forest: one batch row per hypothesis, ancestor-only masks,
          positions by depth (`ModelRunner.feed_rows`);
 verify:  `forest_verify`: layer by layer, each layer's drafts tested against the target's beam
          distribution over the accepted nodes of the layer before (residual after a rejection, reset
-         after an acceptance, children of rejected nodes rejected); a layer passes with `dynamic_width`
-         accepted drafts (the largest K with P(at least K accepted) >= `width_threshold`, at least
-         `min_width`; threshold 0: all of them); the first failing layer, or the one after the last, is
-         the output layer of `draft_width` beams, independent draws from the target's beam distribution;
-commit:  the output beams become the hypotheses (`commit_rows`: each keeps its path's cache entries; two
-         outputs of one tree each get a copy). With `one_cache` only one is kept - `output`: 'best' (the
-         paper: the most likely under the target) or 'sample' (the authors' code: the drawn one) - so
-         both runners hold one cache row (§3.6).
+         after an acceptance, children of rejected nodes rejected). A layer passes with W_L^(l) accepted
+         drafts: `beam_width` (W_L) at `width_threshold=0`, else the largest K with P(at least K accepted)
+         >= `width_threshold`, between `min_width` and W_L. The first failing layer is the output layer,
+         filled to its W_L^(l) beams; after every layer passed, W_L beams are drawn after the last
+         (Algorithm 1, lines 28-34). The output beams are independent draws from the target's beam
+         distribution there;
+commit:  the output beams become the hypotheses: the target's rows keep their paths' entries (two outputs
+         of one row each get a copy), and so do the drafter's on `accept`. With `one_cache` only one is kept -
+         `output`: 'best' (the paper: the most likely under the target) or 'sample' (the authors' code: the
+         drawn one) - so both models hold one cache row (§3.6).
 
-The answer is chosen as `beam` chooses (`beam.answer`, `length_penalty`). With `width_threshold=0`
-every layer has `draft_width` beams and the beams follow the law of `beam` of that width (Theorem 3.1);
-`draft_width=1` is `sd`. `one_cache` keeps no known law (a heuristic judged by perplexity).
+The answer is chosen as `beam` chooses (`Hypotheses.answer`, `length_penalty`). With `width_threshold=0` every
+layer needs W_L beams and the hypotheses follow the law of `beam` of width W_L (Theorem 3.1);
+`draft_width=beam_width=1` is `sd`. `one_cache` keeps no known law (a heuristic judged by perplexity).
+Beam sampling has no temperature-0 form here: at temperature 0 dsbd is refused (use `beam`, whose
+temperature 0 is beam search).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from ..engine import Session
-from ..proposers import Forest, ForestDraft, grow_rows
+from ..drafting import ForestDraft, setup_of
+from ..drafting.beams import Forest, grow_rows, outputs_in_rows
+from ..engine import Hypotheses, Session
 from ..verify import forest_verify
-from .beam import answer
+from .registry import LENGTH_PENALTY, Method, Param, register
 
 
-def decode(s: Session, gamma: int = 3, draft_width: int = 3, width_threshold: float = 0.7, min_width: int = 1,
-           one_cache: bool = False, output: str = "best", length_penalty: float = 1.0, layer_rule=None) -> None:
-    """`layer_rule` (hidden): a layer verifier in place of `beam_layer_verify` (tests)."""
-    proposer = ForestDraft()
-    rows = [list(s.tokens)]
-    scores = torch.zeros(1, dtype=torch.float64)
-    finished: list[tuple[float, list[int]]] = []
+def decode(s: Session, *, gamma: int, draft_width: int, beam_width: int | None, width_threshold: float,
+           min_width: int, one_cache: bool, output: str, length_penalty: float) -> None:
+    beam_width = draft_width if beam_width is None else beam_width
+    drafter = ForestDraft(s.draft_runner(), setup_of(s))
+    hyps = Hypotheses(s)
     widths: list[int] = []
-    start = s.prompt_length
-    while True:
-        room = s.max_new_tokens - (len(rows[0]) - start)
-        if s.max_length is not None:
-            room = min(room, s.max_length - len(rows[0]))
-        if room <= 0:
-            break
-        g = min(gamma, room - 1)
-        forest = proposer.propose(s, rows, draft_width, g, scores) if g > 0 else Forest([], [], [])
-        logprobs, node_logprobs, target_paths = _score(s, rows, forest)
-        d, outputs, out_scores, info = forest_verify(
-            scores, logprobs, forest.layers, node_logprobs, s.sampling, draft_width, width_threshold, min_width,
-            stops=s.stop_tokens, generator=s.generator, layer_rule=layer_rule)
-        widths += info["widths"]
+    while hyps.rows and hyps.room() > 0:
+        g = min(gamma, hyps.room() - 1)
+        forest = drafter.propose(hyps, (draft_width,) * g)
+        logprobs, node_logprobs, target_paths = _score(s, hyps.rows, forest)
+        verdict = forest_verify(hyps.scores, logprobs, forest.layers, node_logprobs, s.sampling, beam_width,
+                                width_threshold, min_width, stops=s.stop_tokens, generator=s.generator)
+        d = verdict.depth
+        widths += verdict.widths
         s.count(d - 1, d <= g, drafted=g, nodes=g * draft_width)
-        for layer, j, score in info["finished"]:
-            beam = rows[forest.roots[layer - 1][j]] + _path(forest, layer, j)
-            finished.append((score, beam[start:]))
-        if one_cache and outputs:
-            keep = (max(range(len(outputs)), key=lambda i: float(out_scores[i])) if output == "best"
-                    else info["drawn"])
-            outputs, out_scores = [outputs[keep]], out_scores[keep : keep + 1]
-        new_rows, new_scores, sources, target_kept, draft_kept = [], [], [], [], []
-        for (u, token), score in zip(outputs, out_scores.tolist(), strict=True):
-            if d == 1:
-                root, path, t_kept, d_kept = u, [], [], []
+        for layer, j, beam in verdict.finished:
+            hyps.finish(beam.score, hyps.rows[forest.roots[layer - 1][j]] + _path(forest, layer, j))
+        beams = verdict.beams
+        if one_cache and beams:
+            keep = max(range(len(beams)), key=lambda i: beams[i].score) if output == "best" else verdict.drawn
+            beams = (beams[keep],)
+        sources, _ = outputs_in_rows(forest.roots, target_paths, replace(verdict, beams=beams))
+        going = []
+        for beam, root in zip(beams, sources, strict=True):
+            row = hyps.rows[root] + (_path(forest, d - 1, beam.parent) if d > 1 else []) + [beam.token]
+            if beam.token in s.stop_tokens:
+                hyps.finish(beam.score, row)
             else:
-                root = forest.roots[d - 2][u]
-                path = _path(forest, d - 1, u)
-                t_kept, d_kept = target_paths[d - 2][u], forest.draft_paths[d - 2][u]
-            beam = rows[root] + path + [token]
-            if token in s.stop_tokens:
-                finished.append((score, beam[start:]))
-                continue
-            new_rows.append(beam)
-            new_scores.append(score)
-            sources.append(root)
-            target_kept.append(t_kept)
-            draft_kept.append(d_kept)
-        if not new_rows:
-            rows = []
-            break
-        s.target.commit_rows(len(new_rows[0]), sources, target_kept)
-        if s.draft is not None:
-            s.draft.commit_rows(len(new_rows[0]), sources, draft_kept)
-        rows, scores = new_rows, torch.tensor(new_scores, dtype=torch.float64)
-    candidates = finished + [(float(sc), r[start:]) for sc, r in zip(scores.tolist(), rows, strict=False)]
-    s.append(answer(candidates, length_penalty))
+                going.append((beam, row))
+        verdict = replace(verdict, beams=tuple(b for b, _ in going))
+        if going:
+            sources, target_kept = outputs_in_rows(forest.roots, target_paths, verdict)
+            s.target.commit_rows(len(going[0][1]), sources, target_kept)
+            drafter.accept(verdict)
+        hyps.rows = [row for _, row in going]
+        hyps.scores = torch.tensor([b.score for b, _ in going], dtype=torch.float64)
+    s.append(hyps.answer(length_penalty))
     s.info["mean_layer_width"] = sum(widths) / len(widths) if widths else None
 
 
 def _score(s: Session, rows: list[list[int]], forest: Forest):
-    """One target forward over the forest. Returns the log-probabilities after each input beam [B, V], after
-    each node per layer ([m, V] each), and each node's path of target cache offsets in its row."""
+    """One target forward over the forest. Returns the log-probabilities after each hypothesis [B, V], after
+    each node per layer ([m, V] each), and each node's path of target cache offsets in its row, per layer."""
     entries: list[list] = [[] for _ in rows]
     paths_by_layer, where = [], []
     previous: list[list[int]] = [[] for _ in rows]
@@ -115,3 +104,29 @@ def _path(forest: Forest, layer: int, j: int) -> list[int]:
         tokens.append(int(forest.layers[d - 1].tokens[j]))
         j = int(forest.layers[d - 1].parents[j])
     return tokens[::-1]
+
+
+register(Method("dsbd", decode, needs_draft=True, greedy=False,
+                exact="width_threshold=0 keeps the law of beam of width beam_width (draft_width=beam_width=1: "
+                      "ar's); a dynamic width changes the schedule, one_cache keeps no known law",
+                summary="dynamic-width speculative beam decoding: a draft forest from every beam, verified "
+                        "layer by layer (DSBD)",
+                params={"gamma": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "draft layers per target call"),
+                        "draft_width": Param(int, 3, lambda v: v >= 1, "an integer >= 1",
+                                             "draft beams per layer W_S"),
+                        "beam_width": Param(int, None, lambda v: v >= 1, "an integer >= 1 (at most draft_width)",
+                                            "beams kept W_L: the hypotheses per iteration and a fixed-width "
+                                            "layer's acceptances; default draft_width, as the paper's "
+                                            "experiments (the authors' code keeps W_S beams)"),
+                        "width_threshold": Param(float, 0.7, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                                                 "a layer needs the largest K with P(at least K drafts "
+                                                 "accepted) >= this, at most beam_width; 0: beam_width (fixed "
+                                                 "width)"),
+                        "min_width": Param(int, 1, lambda v: v >= 1, "an integer >= 1",
+                                           "the least a layer must accept (W_min)"),
+                        "one_cache": Param(bool, False, rule="true or false",
+                                           help="keep one beam per iteration: one cache row per model"),
+                        "output": Param(str, "best", lambda v: v in ("best", "sample"), "'best' or 'sample'",
+                                        "with one_cache, the beam kept: the most likely under the target (the "
+                                        "paper), or the drawn one (the authors' code)"),
+                        "length_penalty": LENGTH_PENALTY}))

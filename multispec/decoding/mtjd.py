@@ -1,5 +1,5 @@
-"""`mtjd`: exact multi-token joint decoding (seed 000 Definition 3.1, seed 001's MJGD), the reference the
-joint methods approximate.
+"""`mtjd`: exact multi-token joint decoding (MTAD's Definition 3.1, MJSD's MJGD), the reference the joint
+methods approximate.
 
 Each step emits a block of `gamma` tokens drawn from the target's joint distribution over all |V|^gamma
 blocks, warped as a whole (temperature, top-k, top-p on the block); at temperature 0 the block is the
@@ -16,6 +16,7 @@ import torch
 
 from ..engine import Session
 from ..models.markov import MarkovLM
+from .registry import Method, Param, register
 
 MAX_BLOCKS = 1 << 20
 
@@ -42,7 +43,7 @@ def block_log_likelihoods(target: MarkovLM, last_token: int, position: int, k: i
     return joint
 
 
-def decode(s: Session, gamma: int = 4, bonus: bool = False) -> None:
+def decode(s: Session, *, gamma: int, bonus: bool) -> None:
     target = s.target_model
     check_model(target, gamma)
     vocab = target.vocab_size
@@ -57,3 +58,12 @@ def decode(s: Session, gamma: int = 4, bonus: bool = False) -> None:
             row = torch.log(target.conditionals(len(s.tokens) - 1)[s.tokens[-1]])
             s.append([int(s.sample(s.sampling.probs(row)))])
         s.counters["iterations"] += 1
+
+
+register(Method("mtjd", decode, needs_draft=False, exact="reference: the target's exact joint over blocks",
+                summary="exact multi-token joint decoding by enumerating every block (MarkovLM test models only)",
+                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "tokens per block"),
+                        "bonus": Param(bool, False, rule="true or false",
+                                       help="one token from the target after each block, as the joint methods "
+                                            "draw one")},
+                markov_only=True))

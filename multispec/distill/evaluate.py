@@ -1,7 +1,7 @@
 """`multispec distill --eval`: how good a draft is for a target, measured before any speculative run.
 
 On held-out prompts, along the target's own answers:
-- 1 - TV at temperature 1 (the acceptance probability of one `sd` draft, Theorem 1 of seed 002),
+- 1 - TV at temperature 1 (the acceptance probability of one `sd` draft, Theorem 1 of Yin et al., 2024),
   along answers *sampled* from the target;
 - greedy agreement (the draft's argmax equals the target's), along the target's *greedy* answers;
 - the expected `sd` block efficiency for each gamma: at temperature 1 from the per-position

@@ -1,4 +1,4 @@
-"""Exact calculators for the theory of speculative decoding (seed 002: Yin et al., NeurIPS 2024).
+"""Exact calculators for the theory of speculative decoding (Yin et al., NeurIPS 2024).
 
 Instances are non-stationary Markov chain pairs given as arrays of shape [T, V, V]:
 draft[n][x, y] = P_draft(x_{n+1} = y | x_n = x) and likewise for the target, n = 0..T-1, with a prompt
@@ -62,7 +62,7 @@ def sd_rejections(draft, target, mu0=None) -> Rejections:
 
 def batch_first_token(draft_rows: np.ndarray, target_rows: np.ndarray, m: int | float):
     """All-M-rejected mass rho and the unnormalised final residual g for M i.i.d. first-token candidates
-    (the stable loop of seed 002 §3.3), row-wise. m = inf gives the limit of Proposition 1, which needs
+    (the stable loop of Yin et al., 2024, §3.3), row-wise. m = inf gives the limit of Proposition 1, which needs
     no support assumption: rho = target mass outside supp(draft)."""
     if np.isinf(m):
         g = np.where(draft_rows == 0, target_rows, 0.0)

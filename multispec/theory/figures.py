@@ -1,4 +1,4 @@
-"""The three figures of seed 002, computed exactly and by simulation with the library's own decoders.
+"""The three figures of Yin et al. (2024), computed exactly and by simulation with the library's own decoders.
 
 A: running mean of rejections of `sd` (and `batch-sd` with M = 4, 5) over runs, against Theorems 1/3.
 B: expected rejections of batch SD as M grows, with the M -> inf limit (Proposition 1), and the

@@ -5,7 +5,6 @@ from .beam import acceptance_count_law, beam_distribution, beam_layer_verify, dy
 from .chain import relaxed_verify, residual, speculative_verify
 from .joint import joint_verify
 from .multi import (
-    NODE_RULES,
     batch_verify,
     naive_rejection,
     recursive_rejection,
@@ -13,8 +12,8 @@ from .multi import (
     without_replacement_rejection,
 )
 from .rollback import rollback_verify
-from .verdict import Verdict
+from .verdict import Beam, Verdict
 
-__all__ = ["NODE_RULES", "Verdict", "acceptance_count_law", "batch_verify", "beam_distribution", "beam_layer_verify",
+__all__ = ["Beam", "Verdict", "acceptance_count_law", "batch_verify", "beam_distribution", "beam_layer_verify",
            "dynamic_width", "forest_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
            "residual", "rollback_verify", "speculative_verify", "tree_verify", "without_replacement_rejection"]

@@ -1,4 +1,4 @@
-"""Layer-by-layer verification of beam-sampled drafts (seed 003 DSBD, Algorithm 1 as corrected in the
+"""Layer-by-layer verification of beam-sampled drafts (DSBD, Algorithm 1 as corrected in the
 spec's §3.2), and the dynamic width (§3.4). Pure functions on beam distributions.
 
 Glossary
@@ -15,8 +15,8 @@ target_beam); test each draft x in order: a draft whose parent was rejected is r
 is accepted with probability min(1, p'(x) / draft_beam(x)); after an acceptance p' is reset to
 target_beam, after a rejection it becomes norm(max(p' - draft_beam, 0)). The layer passes once `width`
 drafts are accepted (the rest count as rejected). If it fails, its output is the accepted candidates,
-then one candidate drawn from p', then fresh draws from target_beam up to `out_width`. Every output (and
-every accepted draft of a passing layer) is then an independent draw from target_beam (seed 003,
+then one candidate drawn from p', then fresh draws from target_beam up to `width`. Every output (and
+every accepted draft of a passing layer) is then an independent draw from target_beam (DSBD,
 Theorem 3.1). Children of rejected parents are rejected *and* update p' with the full draft_beam
 (the spec's Convention A, §7 item 4): dropping them without renormalising draft_beam is biased.
 """
@@ -27,7 +27,7 @@ import torch
 
 from ..warp import Sampling
 from .chain import residual
-from .verdict import Verdict
+from .verdict import Beam, Verdict
 
 
 def beam_distribution(scores: torch.Tensor, logprobs: torch.Tensor, sampling: Sampling,
@@ -47,18 +47,20 @@ def beam_layer_verify(
     drafts: torch.Tensor,
     live: torch.Tensor,
     width: int,
-    out_width: int,
+    vocab: int,
     generator: torch.Generator | None = None,
 ) -> Verdict:
-    """target_beam: [N], the target's beam distribution over this layer's candidates (0 on dead parents);
-    draft_beam:  [N], the draft's, which `drafts` were drawn from i.i.d.;
-    drafts:      [m] candidate indices, in draw order;
+    """target_beam: [P * V], the target's beam distribution over this layer's candidates (0 on dead parents);
+    draft_beam:  [P * V], the draft's, which `drafts` were drawn from i.i.d.;
+    drafts:      [m] candidate indices (parent * V + token), in draw order;
     live:        [m] bool, False for a draft whose parent was rejected (tested as a rejection);
-    width:       acceptances the layer needs to pass (1 <= width <= m);
-    out_width:   the width of the output layer when this layer fails (>= 1).
-    Returns a Verdict: `accepted` the accepted draft positions (draw order), `tokens` their candidates,
-    `rejected` whether the layer failed; when it failed, `next_token` the candidate drawn from p' and
-    `extra` the fresh draws from target_beam that fill the output to `out_width`.
+    width:       W_L of this layer: the acceptances it needs to pass (1 <= width <= m), and the width of its
+                 output when it fails;
+    vocab:       V, to split candidates into (parent, token).
+    Returns a Verdict: `accepted` the accepted draft positions (draw order), `tokens` their tokens,
+    `rejected` whether the layer failed. `beams`: the accepted drafts; when the layer failed, then the one
+    candidate drawn from p' (`drawn`, its token also `next_token`) and fresh draws from target_beam up to
+    `width`. Scores are left at 0 (the caller knows the joint log-likelihoods).
     """
     target = target_beam.double()
     draft = draft_beam.double().to(target.device)
@@ -74,18 +76,22 @@ def beam_layer_verify(
             running = target
         else:
             running = residual(running, draft)
-    tokens = tuple(int(drafts[j]) for j in accepted)
-    if len(accepted) >= width:
-        return Verdict(tuple(accepted), tokens)
-    nxt = int(torch.multinomial(running.float(), 1, generator=generator)[0])
-    fills = out_width - len(accepted) - 1
-    extra = (tuple(torch.multinomial(target.float(), fills, replacement=True, generator=generator).tolist())
-             if fills > 0 else ())
-    return Verdict(tuple(accepted), tokens, nxt, True, extra)
+    outputs = [int(drafts[j]) for j in accepted]
+    rejected = len(accepted) < width
+    drawn = None
+    if rejected:
+        drawn = len(outputs)
+        outputs.append(int(torch.multinomial(running.float(), 1, generator=generator)[0]))
+        fills = width - len(outputs)
+        if fills > 0:
+            outputs += torch.multinomial(target.float(), fills, replacement=True, generator=generator).tolist()
+    beams = tuple(Beam(*divmod(c, vocab)) for c in outputs)
+    return Verdict(tuple(accepted), tuple(b.token for b in beams[: len(accepted)]),
+                   beams[drawn].token if rejected else None, rejected, beams, drawn)
 
 
 def acceptance_count_law(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int) -> torch.Tensor:
-    """[m + 1]: P(exactly k of m drafts are accepted) when all m are tested (seed 003 Eqs. 2-4).
+    """[m + 1]: P(exactly k of m drafts are accepted) when all m are tested (DSBD Eqs. 2-4).
 
     alpha_j = sum min(p_j, draft) with p_1 = target_beam and p_{j+1} = norm(max(p_j - draft, 0)) (one
     residual update per step) is the chance that the j-th draft tested since the last acceptance passes;
@@ -114,7 +120,7 @@ def acceptance_count_law(target_beam: torch.Tensor, draft_beam: torch.Tensor, m:
 
 def dynamic_width(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int, threshold: float,
                   min_width: int) -> int:
-    """The width a layer must reach (seed 003 Eqs. 5-7): the largest K with P(at least K of the m drafts
+    """The width a layer must reach (DSBD Eqs. 5-7): the largest K with P(at least K of the m drafts
     accepted) >= threshold, at least `min_width`. threshold 0 gives m (fixed width)."""
     law = acceptance_count_law(target_beam, draft_beam, m)
     at_least = law.flip(0).cumsum(0).flip(0)  # at_least[K] = P(count >= K)
@@ -128,73 +134,72 @@ def forest_verify(
     layers: list,
     node_logprobs: list[torch.Tensor],
     sampling: Sampling,
-    out_width: int,
+    beam_width: int,
     width_threshold: float = 0.0,
     min_width: int = 1,
     live: torch.Tensor | None = None,
     stops: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
-    layer_rule=None,
-) -> tuple[int, list[tuple[int, int]], torch.Tensor, dict]:
-    """Verify a draft forest layer by layer (seed 003 §3.2, step 3).
+) -> Verdict:
+    """Verify a draft forest layer by layer (DSBD §3.2, step 3; Algorithm 1).
 
     scores:        [B] the input beams' joint target log-likelihoods;
     root_logprobs: [B, V] the target's unwarped log-probabilities after each input beam;
     layers:        per draft layer: `parents` [m] (positions in the layer before), `tokens` [m] and
                    `draft_beam` [P * V], the distribution the layer was drawn from (`ForestLayer`);
     node_logprobs: per draft layer [m, V]: the target's unwarped log-probabilities after each node;
-    out_width:     the width of the output layer;
+    beam_width:    W_L, the beams kept: a fixed-width layer needs W_L acceptances, and after every draft
+                   layer passed, W_L beams are drawn (at most the drafts per layer);
+    width_threshold, min_width: with a threshold above 0 a layer needs `dynamic_width(...)` acceptances
+                   (W_L^(l), at least `min_width`, at most `beam_width`); 0: W_L (fixed width);
     live:          [B] bool, input beams that may be extended (default all);
     stops:         end-of-sequence tokens: an accepted draft that is one is a finished beam, not extended.
-    out_width must be at least the draft count of every layer (the output layer holds the accepted drafts of
-    a failing layer, then its one residual draw). Layer l needs `dynamic_width(..., width_threshold,
-    min_width)` accepted drafts (threshold 0: all m).
-    The first failing layer, or the one after the last draft layer, is the output layer: its `out_width`
-    beams are independent draws from the target's beam distribution there (Theorem 3.1).
-    Returns (d, outputs, output scores, info): the output layer's depth d (1 = children of the input
-    beams; no outputs when every accepted beam of layer d - 1 ended), each output as (position of its
-    parent in layer d - 1, token), their joint target log-likelihoods [out_width], and {'widths': asked per verified layer, 'accepted': per layer, 'drawn':
-    the output drawn from the running distribution (a failed layer's residual draw, else the first),
-    'finished': accepted drafts that ended their beam, as (layer, node, joint target log-likelihood)}.
+    The first failing layer l is the output layer, filled to its W_L^(l) beams; when every draft layer
+    passed, the output layer is the one after the last, with W_L beams. Either way the output beams are
+    independent draws from the target's beam distribution there (Theorem 3.1).
+    Returns a Verdict: `depth` the output layer (1 = children of the input beams), `beams` the output beams
+    (parent: position in layer depth - 1; score: joint target log-likelihood; none when every accepted
+    beam of layer depth - 1 ended), `drawn`, `rejected` (a layer failed), `widths` and `layer_accepted`
+    per verified layer, `finished` the accepted drafts that ended their beam.
     """
-    layer_rule = layer_rule or beam_layer_verify
     logp = root_logprobs.double()
     live = torch.ones(scores.shape[0], dtype=torch.bool) if live is None else live.cpu()
     scores = scores.double().to(logp.device)
     widths, counts, finished = [], [], []
     vocab = logp.shape[-1]
+    rejected = False
     for d in range(1, len(layers) + 2):
         target_beam = beam_distribution(scores, logp, sampling, live.to(logp.device))
         if d > len(layers):  # every draft layer passed
-            outputs = torch.multinomial(target_beam.float(), out_width, replacement=True, generator=generator).tolist()
+            outputs = torch.multinomial(target_beam.float(), beam_width, replacement=True, generator=generator).tolist()
             drawn = 0
             break
         layer = layers[d - 1]
-        if out_width < layer.tokens.shape[0]:
-            raise ValueError(f"out_width {out_width} is below the layer's {layer.tokens.shape[0]} drafts")
         at = layer.parents.cpu()
         drafts = at * vocab + layer.tokens.cpu()
         m = drafts.shape[0]
-        width = m if width_threshold <= 0 else dynamic_width(target_beam, layer.draft_beam, m, width_threshold,
-                                                            min_width)
+        if beam_width > m:
+            raise ValueError(f"beam_width {beam_width} is above the layer's {m} drafts")
+        width = beam_width if width_threshold <= 0 else min(beam_width, dynamic_width(
+            target_beam, layer.draft_beam, m, width_threshold, min_width))
         widths.append(width)
-        verdict = layer_rule(target_beam, layer.draft_beam, drafts, live[at], width, out_width, generator)
+        verdict = beam_layer_verify(target_beam, layer.draft_beam, drafts, live[at], width, vocab, generator)
         counts.append(len(verdict.accepted))
         if verdict.rejected:
-            outputs = [*verdict.tokens, verdict.next_token, *verdict.extra]
-            drawn = len(verdict.accepted)
+            outputs = [b.parent * vocab + b.token for b in verdict.beams]
+            drawn, rejected = verdict.drawn, True
             break
         accepted = torch.zeros(m, dtype=torch.bool)
         accepted[list(verdict.accepted)] = True
         scores = scores[at.to(scores.device)] + logp[at.to(logp.device), layer.tokens.to(logp.device)]
         logp = node_logprobs[d - 1].double()
         ended = torch.tensor([t in stops for t in layer.tokens.tolist()], dtype=torch.bool)
-        finished += [(d, j, float(scores[j])) for j in (accepted & ended).nonzero().flatten().tolist()]
+        finished += [(d, j, Beam(int(at[j]), int(layer.tokens[j]), float(scores[j])))
+                     for j in (accepted & ended).nonzero().flatten().tolist()]
         live = accepted & ~ended
         if not live.any():  # every accepted beam ended: nothing left to extend
-            return d, [], torch.empty(0, dtype=torch.float64), {"widths": widths, "accepted": counts,
-                                                                "drawn": None, "finished": finished}
+            return Verdict(depth=d, widths=tuple(widths), layer_accepted=tuple(counts), finished=tuple(finished))
     joint = (scores[:, None] + logp).reshape(-1)
-    pairs = [(c // vocab, c % vocab) for c in outputs]
-    info = {"widths": widths, "accepted": counts, "drawn": drawn, "finished": finished}
-    return d, pairs, joint[torch.tensor(outputs, device=joint.device)], info
+    beams = tuple(Beam(c // vocab, c % vocab, float(joint[c])) for c in outputs)
+    return Verdict(rejected=rejected, beams=beams, drawn=drawn, depth=d, widths=tuple(widths),
+                   layer_accepted=tuple(counts), finished=tuple(finished))

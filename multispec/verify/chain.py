@@ -1,5 +1,5 @@
 """Speculative sampling on a chain of drafts (Leviathan et al. 2023; Chen et al. 2023), and the biased
-over-accepting variant of seed 002 (Decoding-OPT / Decoding-UNO).
+over-accepting variant of Yin et al. (2024) (Decoding-OPT / Decoding-UNO).
 
 Exact rule: accept draft token x at position i with probability min(1, target_i(x) / draft_i(x)); at
 the first rejection draw the replacement from norm(max(0, target_i - draft_i)); if every draft passes,
@@ -75,7 +75,7 @@ def relaxed_verify(
     eps: float = 0.0,
     resample: str = "opt",
 ) -> Verdict:
-    """Over-accepting verification (seed 002 §3.4): accept with b(x) = min(1, (target(x) + eps) / draft(x)).
+    """Over-accepting verification (Yin et al., 2024, §3.4): accept with b(x) = min(1, (target(x) + eps) / draft(x)).
 
     On rejection resample from "opt": P* = norm([target - b * draft]_+), the bias-minimising distribution
     (Theorem 4; for this b it equals the exact residual), or "uno": the target distribution itself.

@@ -1,4 +1,4 @@
-"""Joint verification (seed 000 MTAD Algorithm 1; seed 001 MJSD): accept the longest draft prefix whose
+"""Joint verification (MTAD Algorithm 1; MJSD): accept the longest draft prefix whose
 joint likelihood ratio passes a deterministic threshold, then one token from the target.
 
 For every prefix length j = 1..g the prefix passes when min(1, target(x_1..x_j) / draft(x_1..x_j)) > tau,

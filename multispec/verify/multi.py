@@ -1,6 +1,6 @@
 """Verification of several candidates per position: token trees (MCSD, SpecInfer) and batches of chains.
 
-Glossary (seed 004 §3.3-3.5, §3.8):
+Glossary (MCSD §3.3-3.5, §3.8):
   node rule   decides among the candidate children of one node. Signature
               rule(target [V], draft [V], candidates [k], generator) -> (index or None, token), where the
               token is the accepted candidate or, when all are rejected, a draw from the final residual
@@ -14,7 +14,7 @@ Glossary (seed 004 §3.3-3.5, §3.8):
                                  rejected token is removed, then that token is zeroed in the draft row and
                                  the row renormalised. Exact for any k up to the draft's support.
   naive_rejection                MCNS: draw x from the target; accept the first candidate equal to x, else
-                                 emit x. Exact, and accepts less often (seed 004 Prop. C).
+                                 emit x. Exact, and accepts less often (MCSD Prop. C).
   tree_verify walks down a `TokenTree` from the root, applying a node rule to each accepted node's
               children, and returns one `Verdict`.
 Rows follow the tree convention: row 0 is the root, row 1 + g is node g, for target and draft alike.
@@ -77,13 +77,6 @@ def naive_rejection(
     return (int(hits[0, 0]), x) if hits.numel() else (None, x)
 
 
-NODE_RULES: dict[str, NodeRule] = {
-    "iid": recursive_rejection,
-    "without-replacement": without_replacement_rejection,
-    "naive": naive_rejection,
-}
-
-
 def tree_verify(
     tree: TokenTree,
     tokens: torch.Tensor,
@@ -95,7 +88,7 @@ def tree_verify(
     live: torch.Tensor | None = None,
     fixed: torch.Tensor | None = None,
 ) -> Verdict:
-    """Walk down `tree` (seed 004 §3.8): at each accepted node try its children with `rule`.
+    """Walk down `tree` (MCSD §3.8): at each accepted node try its children with `rule`.
 
     tokens:       [N] the nodes' token ids.
     target_probs: [1 + N, V] warped target rows (row 0 the root); without `bonus` the leaves' rows may be
@@ -160,7 +153,7 @@ def batch_verify(
     generator: torch.Generator | None = None,
     bonus: bool = True,
 ) -> Verdict:
-    """Batch speculative decoding (seed 002, Algorithm 4) for M chains of g drafts from one prefix.
+    """Batch speculative decoding (Yin et al., 2024, Algorithm 4) for M chains of g drafts from one prefix.
 
     target_probs: [M, g + 1, V] (row 0 is the shared distribution after the prefix);
     draft_probs:  [M, g, V] (row 0 likewise shared); tokens: [M, g], chains drawn independently.

@@ -1,4 +1,4 @@
-"""BiLD's rollback rule (Kim et al. 2023, as the seed 000 / 001 authors implemented it): the target keeps
+"""BiLD's rollback rule (Kim et al. 2023, as the MTAD / 001 authors implemented it): the target keeps
 the unchecked draft tokens up to the first one it finds too unlikely, then draws one token itself.
 
 A draft token is rolled back when its negative log-likelihood under the target, -log target(x_j | prefix),

@@ -1,17 +1,9 @@
-"""Draft length that pays: a cost curve of the target's forward and the acceptance seen so far.
+"""What a forward costs on the machine that runs it: T(k, c), the seconds of one forward over k new tokens on a
+cache of c cached tokens.
 
-`forward_cost(model)` measures T(k, c), the seconds of one forward over k new tokens on a cache of c tokens
-(two lengths, interpolated), once per model, dtype, device and thread count (a few seconds; kept in memory
-and, for Hugging Face models, in the cache folder). `DraftLength` keeps, per drafter key (the draft model, or a copying drafter
-and its match length) and per position, how often a drafted token was accepted given that the ones before
-it were. For every option it computes the expected tokens of drafting g tokens,
-
-    E(g) = 1 + sum_{i <= g} prod_{j <= i} a_j      (a_j: acceptance at position j; the 1 is the bonus or
-                                                    the replacement token)
-
-and its cost T(g + 1) + draft forwards, and picks the option and g (0 included: a plain target step) with
-the most tokens per second. The choice depends only on the past and on the drafts themselves, never on the
-target's verification of this iteration, so exactness is untouched.
+`forward_cost(model)` measures it once per model, dtype, device, engine and thread count (two context lengths,
+interpolated; a few seconds), keeps it in memory and, for Hugging Face models, in the cache folder. The draft
+length controller (`multispec.drafting.length`) and the tuning tools read it.
 """
 
 from __future__ import annotations
@@ -19,20 +11,15 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .models.base import LanguageModel
-from .proposers import Option
+from .base import LanguageModel
 
 # the most drafts `gamma=auto` proposes; T(k) is measured up to MAX_AUTO_GAMMA + 1 tokens
 MAX_AUTO_GAMMA = 10
 COST_CONTEXTS = (128, 1024)  # cached tokens while measuring: attention makes long contexts dearer
-# the acceptance prior: a Beta(PRIOR_ACCEPT, PRIOR_REJECT) per position (mean 1/3), so that a drafter is tried
-# before its record speaks, without the optimism that picking the best-looking option adds
-PRIOR_ACCEPT, PRIOR_REJECT = 1.0, 2.0
-EXPLORE = 3  # one-draft tries an option gets before the controller trusts its record
 
 
 @dataclass(frozen=True)
@@ -145,13 +132,13 @@ def measure_forward_cost(model: LanguageModel, max_tokens: int, contexts: tuple[
 
 
 def _persistent(model: LanguageModel) -> bool:
-    from .models.hf import HFModel
+    from .hf import HFModel
 
     return isinstance(model, HFModel)
 
 
 def _store_path():
-    from .models.default import cache_dir
+    from .default import cache_dir
 
     return cache_dir() / "forward_cost.json"
 
@@ -159,59 +146,3 @@ def _store_path():
 def _sync(model: LanguageModel) -> None:
     if getattr(model.device, "type", "cpu") == "cuda":
         torch.cuda.synchronize(model.device)
-
-
-@dataclass
-class Plan:
-    option: Option | None  # None: no drafting this iteration
-    length: int
-    tokens: float  # expected tokens committed
-    seconds: float  # predicted seconds (target forward + draft forwards)
-
-
-@dataclass
-class DraftLength:
-    """The controller of `gamma=auto` (module note). `observe` after every verification."""
-    target_cost: ForwardCost
-    draft_cost: ForwardCost | None
-    max_gamma: int = MAX_AUTO_GAMMA
-    tries: dict[str, list[float]] = field(default_factory=dict)
-    accepts: dict[str, list[float]] = field(default_factory=dict)
-
-    def rates(self, key: str) -> list[float]:
-        tries = self.tries.get(key, [0.0] * self.max_gamma)
-        accepts = self.accepts.get(key, [0.0] * self.max_gamma)
-        return [(a + PRIOR_ACCEPT) / (t + PRIOR_ACCEPT + PRIOR_REJECT) for a, t in zip(accepts, tries, strict=True)]
-
-    def plan(self, options: list[Option], tokens: int, target_pending: int = 1) -> Plan:
-        """The best option and length for a sequence of `tokens` tokens whose last `target_pending` the
-        target has not cached yet. A draft model that lags (a copy drafted the last iterations) first feeds
-        what it missed: its first forward covers those tokens. An available option whose first position has
-        been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
-        costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
-        best = Plan(None, 0, 1.0, self.target_cost(target_pending, tokens))
-        for option in options:
-            a = self.rates(option.key)
-            catch_up = 0
-            if option.runner is not None and self.draft_cost is not None:
-                catch_up = max(1, tokens - option.runner.committed)
-            survive, expected = 1.0, 1.0
-            for g in range(1, min(option.length, self.max_gamma) + 1):
-                survive *= a[g - 1]
-                expected += survive
-                seconds = self.target_cost(target_pending + g, tokens)
-                if catch_up:
-                    seconds += self.draft_cost(catch_up, tokens) + (g - 1) * self.draft_cost(1, tokens)
-                if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
-                    return Plan(option, 1, expected, seconds)
-                if expected / seconds > best.tokens / best.seconds:
-                    best = Plan(option, g, expected, seconds)
-        return best
-
-    def observe(self, key: str, drafted: int, accepted: int) -> None:
-        tries = self.tries.setdefault(key, [0.0] * self.max_gamma)
-        accepts = self.accepts.setdefault(key, [0.0] * self.max_gamma)
-        for i in range(min(accepted + 1, drafted)):
-            tries[i] += 1
-        for i in range(accepted):
-            accepts[i] += 1

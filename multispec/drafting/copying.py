@@ -24,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import Session
-from .proposers import DraftChain, DraftTree, Option, Proposal, Proposer, empty_proposal
-from .trees import TokenTree
+from ..trees import TokenTree
+from ..verify.verdict import Verdict
+from .base import Drafter, Option, Proposal, Setup
 
-DRAFTERS = ("model", "lookup", "suffix", "hybrid")
 # occurrences of a suffix merged into the suffix trie (the latest ones): enough for frequencies, bounded cost
 SUFFIX_OCCURRENCES = 64
 
@@ -74,34 +73,35 @@ class Copy:
         return Copy(self.key, self.parents[:g], self.tokens[:g], self.counts[:g]) if g > 0 else None
 
 
-class CopyDrafter(Proposer):
+class CopyDrafter(Drafter):
     """Shared by `lookup` and `suffix`: find the match, lay its continuations out as a tree."""
 
     name = "copy"
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 3):
+    def __init__(self, setup: Setup, min_ngram: int = 1, max_ngram: int = 3):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.setup = setup
         self.index = NgramIndex(min_ngram, max_ngram)
 
-    def find(self, s: Session, shape: tuple[int, ...]) -> Copy | None:
+    def find(self, context: list[int], shape: tuple[int, ...]) -> Copy | None:
         """The candidate tree for this iteration within `shape` (children per depth), or None."""
-        n, positions = self.index.match(s.tokens)
+        n, positions = self.index.match(context)
         if not positions or not shape:
             return None
-        return self.select(s.tokens, n, positions, shape)
+        return self.select(context, n, positions, shape)
 
     def select(self, tokens, n, positions, shape) -> Copy | None:
         raise NotImplementedError
 
-    def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
-        return fixed_proposal(s, self.find(s, shape))
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+        return fixed_proposal(self.setup, self.find(context, shape))
 
-    def options(self, s: Session, depth: int) -> list[Option]:
-        copy = self.find(s, (1,) * depth)
+    def options(self, context: list[int], depth: int) -> list[Option]:
+        copy = self.find(context, (1,) * depth)
         if copy is None:
             return []
-        return [Option(copy.key, len(copy.tokens), None, lambda g: fixed_proposal(s, copy.head(g)))]
+        return [Option(copy.key, len(copy.tokens), None, lambda g: fixed_proposal(self.setup, copy.head(g)))]
 
 
 class Lookup(CopyDrafter):
@@ -154,17 +154,17 @@ def _children(trie: dict, path: tuple[int, ...]):
             yield (entry[0], entry[1]), key[-1]
 
 
-def fixed_proposal(s: Session, copy: Copy | None) -> Proposal:
+def fixed_proposal(setup: Setup, copy: Copy | None) -> Proposal:
     """A proposal of fixed (one-hot) nodes. Draft rows are one-hot on each parent's first child, which is
     what chain verification reads; tree verification reads `fixed` instead."""
-    device = s.target_model.device
+    device = setup.device
     if copy is None or not copy.tokens:
-        return empty_proposal(s)
+        return setup.empty()
     tree = TokenTree.chain(len(copy.tokens)) if copy.parents == list(range(-1, len(copy.tokens) - 1)) \
         else TokenTree.from_parents(copy.parents)
     tokens = torch.tensor(copy.tokens, dtype=torch.long, device=device)
     rows = 1 + max(copy.parents) + 1
-    draft_probs = torch.zeros(rows, s.target_model.vocab_size, device=device)
+    draft_probs = torch.zeros(rows, setup.vocab_size, device=device)
     first = {}
     for g, p in enumerate(copy.parents):
         first.setdefault(p, g)
@@ -172,32 +172,38 @@ def fixed_proposal(s: Session, copy: Copy | None) -> Proposal:
     return Proposal(tree, tokens, draft_probs, fixed=torch.ones(len(copy.tokens), dtype=torch.bool, device=device))
 
 
-class Hybrid(Proposer):
+class Hybrid(Drafter):
     """A copy where one exists, the draft model elsewhere. On a chain (every branching factor 1) one of the
     two proposes; on a tree the model's tree gets the copied chain as one more branch of the root."""
 
     name = "hybrid"
 
-    def __init__(self, copier: CopyDrafter, model: Proposer | None):
+    def __init__(self, copier: CopyDrafter, model: Drafter | None):
         self.copier, self.model = copier, model
 
-    def propose(self, s: Session, shape: tuple[int, ...]) -> Proposal:
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
         chain = all(k == 1 for k in shape)
-        copy = self.copier.find(s, (1,) * len(shape))
+        copy = self.copier.find(context, (1,) * len(shape))
         if self.model is None or (chain and copy is not None):
-            return fixed_proposal(s, copy)
-        proposal = self.model.propose(s, shape)
+            return fixed_proposal(self.copier.setup, copy)
+        proposal = self.model.propose(context, shape)
         if copy is None:
             return proposal
-        return graft(proposal, fixed_proposal(s, copy))
+        return graft(proposal, fixed_proposal(self.copier.setup, copy))
 
-    def options(self, s: Session, depth: int) -> list[Option]:
-        return self.copier.options(s, depth) + (self.model.options(s, depth) if self.model is not None else [])
+    def accept(self, verdict: Verdict) -> None:
+        """The model keeps what it proposed of the accepted path: its nodes come first in a grafted tree, so
+        a path down the copied branch keeps none of them (and a copied chain left the model nothing)."""
+        if self.model is not None:
+            self.model.accept(verdict)
+
+    def options(self, context: list[int], depth: int) -> list[Option]:
+        return self.copier.options(context, depth) + (self.model.options(context, depth) if self.model else [])
 
 
 def graft(base: Proposal, branch: Proposal) -> Proposal:
     """`base`'s tree with `branch` (a fixed chain) as one more child subtree of the root, after every node of
-    `base` (so the draft model's fed entries stay a prefix of the node order)."""
+    `base`."""
     n = base.tree.size
     parents = base.tree.parents.tolist() + [-1 if p < 0 else n + p for p in branch.tree.parents.tolist()]
     device = base.tokens.device
@@ -206,23 +212,3 @@ def graft(base: Proposal, branch: Proposal) -> Proposal:
     return Proposal(TokenTree.from_parents(parents), torch.cat([base.tokens, branch.tokens]), base.draft_probs,
                     torch.cat([live, torch.ones(branch.tree.size, dtype=torch.bool, device=device)]),
                     torch.cat([fixed, branch.fixed]))
-
-
-def make_drafter(drafter: str, s: Session, tree: bool, replacement: bool = False, confidence: float = 0.0,
-                 min_ngram: int = 1, max_ngram: int = 3) -> Proposer:
-    """The proposer a method's `drafter` parameter names. `tree`: the method proposes trees (the model
-    drafts with `DraftTree`), else chains (`DraftChain`)."""
-    if drafter not in DRAFTERS:
-        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    model = None
-    if s.draft is not None:
-        model = DraftTree(replacement) if tree else DraftChain(confidence)
-    if drafter == "model":
-        if model is None:
-            raise ValueError("drafter 'model' needs a draft model; none was given")
-        return model
-    if drafter == "lookup":
-        return Lookup(min_ngram, max_ngram)
-    if drafter == "suffix":
-        return Suffix(min_ngram, max_ngram)
-    return Hybrid(Lookup(min_ngram, max_ngram), model)

@@ -1,0 +1,149 @@
+"""The method registry: each method module declares its `Method` (name, decode function, parameters with
+their types, defaults, checks and help, exactness) beside its `decode`, and registers it here. `generate`,
+the command line and the bench validate parameters from these declarations, so a new method needs no change
+elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..trees import parse_k_config
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type
+    default: Any
+    check: Callable[[Any], bool] = lambda v: True
+    rule: str = ""
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable
+    needs_draft: bool
+    exact: str
+    summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+    # runs only on the exact small test models (`MarkovLM`): never on a loaded model, never in bench defaults
+    markov_only: bool = False
+    # False for a method that only samples (no temperature-0 form): refused at temperature 0
+    greedy: bool = True
+
+    def draft_use(self, params: dict[str, Any]) -> str:
+        """'required', 'optional' (used where given: `drafter=hybrid`) or 'none' for resolved `params`."""
+        if not self.needs_draft:
+            return "none"
+        drafter = params.get("drafter", "model")
+        return {"model": "required", "hybrid": "optional"}.get(drafter, "none")
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Defaults filled in, types and ranges checked; ValueError naming the parameter otherwise."""
+        out = {}
+        for key, value in given.items():
+            if key not in self.params:
+                known = ", ".join(self.params) or "none"
+                raise ValueError(f"method {self.name!r} has no parameter {key!r} (its parameters: {known})")
+            spec = self.params[key]
+            if value is None and spec.default is None:  # "not set": the method derives it (e.g. from another)
+                out[key] = None
+                continue
+            value = coerce(key, value, spec.type)
+            if not spec.check(value):
+                raise ValueError(f"{key} must be {spec.rule}, got {value!r}")
+            out[key] = value
+        for key, spec in self.params.items():
+            out.setdefault(key, spec.default)
+        for low, high in (("min_ngram", "max_ngram"), ("min_width", "draft_width"), ("min_width", "beam_width"),
+                          ("beam_width", "draft_width")):
+            if out.get(low) is not None and out.get(high) is not None and out[low] > out[high]:
+                raise ValueError(f"{low} ({out[low]}) must not exceed {high} ({out[high]})")
+        return out
+
+
+def coerce(key: str, value: Any, kind: type) -> Any:
+    """Parameters may arrive as strings from the CLI ("gamma=4"): convert, or name what is wrong."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if kind is IntOrAuto:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return coerce(key, value, int)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer or 'auto', got {value!r}") from None
+    if kind is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    return value
+
+
+class IntOrAuto:
+    """Parameter type: an integer, or the string 'auto'."""
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
+
+
+# parameters several methods share
+
+def drafter_params(tree: bool = False) -> dict[str, Param]:
+    """`drafter`, `min_ngram`, `max_ngram`: who drafts (see `multispec.drafting`)."""
+    from ..drafting import DRAFTERS
+
+    what = "the model's tree with the copied chain as one more branch" if tree else "the model elsewhere"
+    return {
+        "drafter": Param(str, "model", lambda v: v in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS),
+                         "who drafts: the draft model, prompt lookup, suffix matching (no model needed), or "
+                         f"hybrid: a copy where the text repeats, {what}"),
+        "min_ngram": Param(int, 1, lambda v: v >= 1, "an integer >= 1", "shortest n-gram a copy may match"),
+        "max_ngram": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "longest n-gram a copy tries to match"),
+    }
+
+
+def _is_k_config(value) -> bool:
+    try:
+        parse_k_config(value)
+    except ValueError:
+        return False
+    return True
+
+
+def k_config_param(default: str, help: str) -> Param:
+    return Param(str, default, _is_k_config,
+                 "branching factors >= 1 joined by 'x' (e.g. 4x2x2; depth = number of factors), at most 256 nodes",
+                 help)
+
+
+BONUS = Param(bool, True, rule="true or false", help="sample a free target token after a fully accepted chain")
+LENGTH_PENALTY = Param(float, 1.0, lambda v: -10 <= v <= 10, "a number in [-10, 10]",
+                       "the answer is the beam with the highest log-likelihood / length ** this: 1 the mean "
+                       "per token (its perplexity), 0 the total (favours short answers)")

@@ -1,0 +1,215 @@
+"""Drafters that run beams on the draft model: `BeamDraft` (MTAD, MJSD: the best of W beams, as a chain) and
+`ForestDraft` (DSBD: a draft forest from every hypothesis).
+
+Both own the draft model's cache like the other model drafters (`multispec.drafting.model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import Hypotheses, ModelRunner
+from ..trees import TokenTree
+from ..verify.beam import beam_distribution
+from ..verify.verdict import Verdict
+from .base import Proposal, Setup
+from .model import ModelDrafter
+
+BEAM_WARPS = ("joint", "rows")
+
+
+class BeamDraft(ModelDrafter):
+    """W beams for g steps on the draft model; the best beam is proposed as a chain, with `logq`, its
+    cumulative joint log-probability under the distribution the joint test divides by.
+
+    The beams grow as a tree in one cache row: the beams of depth d are nodes whose parents are beams of
+    depth d - 1, and one draft forward per depth scores them with an ancestor-only mask (no cache copies).
+    Each extension (beam b, token v) is weighted by one of two warps:
+    - `warp="joint"` (MTAD's Eq. 2): the beams' raw joint log-likelihoods plus the raw log q(v | b), warped
+      once over all W x V pairs (temperature, top-k, top-p on the joint, as `beam` does on the target);
+    - `warp="rows"` (the MTAD/MJSD authors' code, and MJSD §2.1's candidates "drawn from the warped
+      conditional"): each beam's row warped alone, the beams' cumulative warped log-probabilities added.
+    Sampling (MTAD) draws W extensions without replacement from those weights; `deterministic` (MJSD's beam
+    decoding) keeps the W heaviest. A weight of 0 is never picked, so a beam never leaves the warped support;
+    a draw that runs out of support keeps fewer beams.
+    `ratio`: "warped" makes `logq` the log of the warped conditionals the beams were drawn from (for
+    `joint`, the beam distribution renormalised over each parent's extensions), "raw" the plain softmax;
+    either is finite on every picked token, so the joint test never sees an infinite margin. The proposed
+    beam is the final beam with the highest `logq`. At temperature 0 the warped rows are one-hot: the beams
+    are a beam search on the raw draft, `logq` is raw, and the joint test against the one-hot target keeps
+    the prefix that matches the target's greedy tokens whatever `logq` is.
+    """
+
+    name = "beam"
+
+    def __init__(self, runner: ModelRunner, setup: Setup, width: int, deterministic: bool = False,
+                 ratio: str = "warped", warp: str = "joint"):
+        super().__init__(runner, setup)
+        if warp not in BEAM_WARPS or ratio not in ("warped", "raw"):
+            raise ValueError(f"warp must be one of {BEAM_WARPS} and ratio 'warped' or 'raw', got {warp!r}, {ratio!r}")
+        self.width, self.deterministic, self.ratio, self.warp = width, deterministic, ratio, warp
+
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+        g = len(shape)
+        self._start(context)
+        if g == 0:
+            return self.setup.empty()
+        logits = self.runner.feed(context)[-1:]  # [1, V]: the root
+        parents: list[int] = []  # beam tree, breadth first
+        tokens: list[int] = []
+        score_of: list[float] = []  # each node's beam score (the warp's measure of its path)
+        logq_of: list[float] = []  # each node's cumulative log q (the ratio's measure of its path)
+        beams = [-1]  # the nodes that are live beams (the root to start)
+        for depth in range(1, g + 1):
+            score = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
+            base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
+            weights, joint, step = self.extensions(score.to(logits.device), logits)
+            picks = self._pick(weights)
+            start = len(tokens)
+            vocab = joint.shape[-1]
+            for flat in picks.tolist():
+                b, v = divmod(flat, vocab)
+                parents.append(beams[b])
+                tokens.append(v)
+                score_of.append(float(joint[b, v]))
+                logq_of.append(float(base_q[b] + step[b, v]))
+            beams = list(range(start, len(tokens)))
+            if depth < g:  # the deepest level is never fed to the draft model
+                tree = TokenTree.from_parents(parents)
+                new = torch.tensor(tokens[start:], dtype=torch.long)
+                logits = self.runner.feed(context, new, tree=tree, nodes=slice(start, len(tokens)))[-len(beams):]
+        best = max(beams, key=lambda n: logq_of[n])
+        path = []
+        node = best
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        path.reverse()
+        self._proposed(context, path)  # chain node i is the beam tree's entry path[i]
+        device = self.setup.device
+        chain = torch.tensor([tokens[n] for n in path], dtype=torch.long, device=device)
+        logq = torch.tensor([logq_of[n] for n in path], dtype=torch.float64, device=device)
+        return Proposal(TokenTree.chain(g), chain, torch.empty(0, self.setup.vocab_size, device=device), logq=logq)
+
+    def extensions(self, score: torch.Tensor, logits: torch.Tensor):
+        """For beams with `score` [B] and draft `logits` [B, V]: (log-weights of the W x V extensions [B * V],
+        -inf outside the warped support; each extension's beam score [B, V]; its step of log q [B, V])."""
+        logp = torch.log_softmax(logits.double(), -1)
+        sampling = self.setup.sampling
+        if sampling.greedy:
+            joint = score[:, None] + logp
+            return joint.reshape(-1), joint, logp
+        if self.warp == "rows":
+            cond = torch.log(sampling.probs(logits).double())
+            joint = score[:, None] + cond
+            return joint.reshape(-1), joint, cond if self.ratio == "warped" else logp
+        joint = score[:, None] + logp
+        weights = beam_distribution(score, logp, sampling).reshape(joint.shape)
+        if self.ratio == "raw":
+            return torch.log(weights).reshape(-1), joint, logp
+        mass = weights.sum(-1, keepdim=True)
+        step = torch.log(torch.where(mass > 0, weights / mass.clamp_min(1e-300), torch.zeros_like(weights)))
+        return torch.log(weights).reshape(-1), joint, step
+
+    def _pick(self, log_weights: torch.Tensor) -> torch.Tensor:
+        """W flat (beam, token) indices: the heaviest (deterministic, or greedy sampling), or drawn without
+        replacement with weights softmax(log_weights); fewer when the support is smaller than W."""
+        support = torch.isfinite(log_weights).nonzero().flatten()
+        k = min(self.width, support.numel())
+        if self.deterministic or self.setup.sampling.greedy:
+            return torch.topk(log_weights, k).indices
+        weights = torch.softmax(log_weights[support], -1)
+        return support[torch.multinomial(weights.float(), k, replacement=False, generator=self.setup.generator)]
+
+
+@dataclass
+class ForestLayer:
+    parents: torch.Tensor  # [m] each node's parent: a position in the previous layer (layer 1: an input beam)
+    tokens: torch.Tensor  # [m]
+    draft_beam: torch.Tensor  # [P * V] float64: the draft's beam distribution the layer was drawn from
+
+
+@dataclass
+class Forest:
+    """A draft forest over several input beams (DSBD §3.2, step 1), layer by layer: the proposal of
+    `ForestDraft`."""
+    layers: list[ForestLayer]
+    roots: list[list[int]]  # per layer, per node: the input beam (cache row) it descends from
+    draft_paths: list[list[list[int]]]  # per layer, per node: the draft cache offsets of its fed path
+
+
+class ForestDraft(ModelDrafter):
+    """Beam sampling on the draft from every hypothesis: layer l holds `shape[l - 1]` nodes drawn i.i.d.
+    (with replacement, kept in draw order) from the draft's beam distribution over (node of layer l - 1,
+    token): the hypotheses' scores (their joint target log-likelihoods; the authors' code starts from 0:
+    any weights keep the method exact, these make the draft's first layer agree with the target's where the
+    models agree) plus the raw draft log-probabilities along the path, warped jointly. Every node of a
+    layer is a parent at the next, whatever the target will say of it. Each node lives in its hypothesis'
+    draft cache row, as a tree with an ancestor-only mask; one draft forward per layer but the last, over
+    all rows. `accept` takes the verdict whose `beams` continue (`forest_verify`'s, less any the method
+    drops): each keeps its path's cache entries, several from one row each get a copy."""
+
+    name = "forest"
+
+    def propose(self, context: Hypotheses, shape: tuple[int, ...]) -> Forest:
+        rows, runner, setup = context.rows, self.runner, self.setup
+        forest = Forest([], [], [])
+        self._pending = (len(rows[0]), forest)
+        if not shape:
+            return forest
+        logits = runner.feed_rows(rows)[:, -1]  # [B, V]: after each hypothesis
+        scores = context.scores.double().to(logits.device)
+        paths: list[list[int]] = [[] for _ in rows]
+        roots = list(range(len(rows)))
+        for d, width in enumerate(shape, start=1):
+            logq = torch.log_softmax(logits.double(), -1)  # [P, V]
+            vocab = logq.shape[-1]
+            beam = beam_distribution(scores, logq, setup.sampling)
+            picks = torch.multinomial(beam.float(), width, replacement=True, generator=setup.generator)
+            at, tokens = picks // vocab, picks % vocab
+            scores = scores[at] + logq[at, tokens]
+            roots = [roots[a] for a in at.tolist()]
+            forest.layers.append(ForestLayer(at, tokens, beam))
+            parent_paths = [paths[a] for a in at.tolist()]
+            paths = parent_paths  # the deepest layer is never fed to the draft model
+            if d < len(shape):
+                entries: list[list] = [[] for _ in rows]
+                paths, (row, index) = grow_rows(entries, roots, tokens.tolist(), parent_paths, d, runner.tentative)
+                logits = runner.feed_rows(rows, entries)[row, index]  # [width, V]
+            forest.roots.append(roots)
+            forest.draft_paths.append(paths)
+        return forest
+
+    def accept(self, verdict: Verdict) -> None:
+        if self._pending is None or not verdict.beams:
+            return
+        length, forest = self._pending
+        self._pending = None
+        sources, kept = outputs_in_rows(forest.roots, forest.draft_paths, verdict)
+        self.runner.commit_rows(length + verdict.depth, sources, kept)
+
+
+def outputs_in_rows(roots: list[list[int]], paths: list[list[list[int]]], verdict: Verdict):
+    """For each output beam of a forest verdict: the hypothesis (cache row) it continues and the cache
+    entries of its path there. `roots` and `paths`: per layer, per node (`Forest.roots`, a cache's paths)."""
+    d = verdict.depth
+    if d == 1:
+        return [b.parent for b in verdict.beams], [[] for _ in verdict.beams]
+    return [roots[d - 2][b.parent] for b in verdict.beams], [paths[d - 2][b.parent] for b in verdict.beams]
+
+
+def grow_rows(entries: list[list], roots: list[int], tokens: list[int], parent_paths: list[list[int]], depth: int,
+              base: int = 0) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+    """Lay one forest layer into per-row entry lists for `ModelRunner.feed_rows`: node j goes to row
+    roots[j] at `depth`, seeing its parent's path parent_paths[j]. `base`: the runner's tentative entries
+    before the call (offsets count from there). Returns each node's path of cache offsets (itself last)
+    and where its logits come out of `feed_rows`: (row [m], index among the row's entries [m])."""
+    paths, row, index = [], [], []
+    for root, token, path in zip(roots, tokens, parent_paths, strict=True):
+        entries[root].append((token, depth, tuple(path)))
+        row.append(root)
+        index.append(len(entries[root]) - 1)
+        paths.append([*path, base + index[-1]])
+    return paths, (torch.tensor(row, dtype=torch.long), torch.tensor(index, dtype=torch.long))

@@ -1,0 +1,135 @@
+"""Draft length that pays: `gamma=auto`'s controller, from the target's cost curve and the acceptance so far.
+
+`DraftLength` keeps, per drafter key (the draft model, or a copying drafter and its match length) and per
+position, how often a drafted token was accepted given that the ones before it were. For every option it
+computes the expected tokens of drafting g tokens,
+
+    E(g) = 1 + sum_{i <= g} prod_{j <= i} a_j      (a_j: acceptance at position j; the 1 is the bonus or
+                                                    the replacement token)
+
+and its cost T(g + 1) + draft forwards (`multispec.models.cost`), and picks the option and g (0 included: a
+plain target step) with the most tokens per second. The choice depends only on the past and on the drafts
+themselves, never on the target's verification of this iteration, so exactness is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..models.cost import MAX_AUTO_GAMMA, ForwardCost
+from ..verify.verdict import Verdict
+from .base import Drafter, Option, Proposal
+
+# the acceptance prior: a Beta(PRIOR_ACCEPT, PRIOR_REJECT) per position (mean 1/3), so that a drafter is tried
+# before its record speaks, without the optimism that picking the best-looking option adds
+PRIOR_ACCEPT, PRIOR_REJECT = 1.0, 2.0
+EXPLORE = 3  # one-draft tries an option gets before the controller trusts its record
+
+
+@dataclass
+class Plan:
+    option: Option | None  # None: no drafting this iteration
+    length: int
+    tokens: float  # expected tokens committed
+    seconds: float  # predicted seconds (target forward + draft forwards)
+
+
+@dataclass
+class DraftLength:
+    """The controller of `gamma=auto` (module note). `observe` after every verification."""
+    target_cost: ForwardCost
+    draft_cost: ForwardCost | None
+    max_gamma: int = MAX_AUTO_GAMMA
+    tries: dict[str, list[float]] = field(default_factory=dict)
+    accepts: dict[str, list[float]] = field(default_factory=dict)
+
+    def rates(self, key: str) -> list[float]:
+        tries = self.tries.get(key, [0.0] * self.max_gamma)
+        accepts = self.accepts.get(key, [0.0] * self.max_gamma)
+        return [(a + PRIOR_ACCEPT) / (t + PRIOR_ACCEPT + PRIOR_REJECT) for a, t in zip(accepts, tries, strict=True)]
+
+    def plan(self, options: list[Option], tokens: int, target_pending: int = 1) -> Plan:
+        """The best option and length for a sequence of `tokens` tokens whose last `target_pending` the
+        target has not cached yet. A draft model that lags (a copy drafted the last iterations) first feeds
+        what it missed: its first forward covers those tokens. An available option whose first position has
+        been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
+        costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
+        best = Plan(None, 0, 1.0, self.target_cost(target_pending, tokens))
+        for option in options:
+            a = self.rates(option.key)
+            catch_up = 0
+            if option.runner is not None and self.draft_cost is not None:
+                catch_up = max(1, tokens - option.runner.committed)
+            survive, expected = 1.0, 1.0
+            for g in range(1, min(option.length, self.max_gamma) + 1):
+                survive *= a[g - 1]
+                expected += survive
+                seconds = self.target_cost(target_pending + g, tokens)
+                if catch_up:
+                    seconds += self.draft_cost(catch_up, tokens) + (g - 1) * self.draft_cost(1, tokens)
+                if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
+                    return Plan(option, 1, expected, seconds)
+                if expected / seconds > best.tokens / best.seconds:
+                    best = Plan(option, g, expected, seconds)
+        return best
+
+    def observe(self, key: str, drafted: int, accepted: int) -> None:
+        tries = self.tries.setdefault(key, [0.0] * self.max_gamma)
+        accepts = self.accepts.setdefault(key, [0.0] * self.max_gamma)
+        for i in range(min(accepted + 1, drafted)):
+            tries[i] += 1
+        for i in range(accepted):
+            accepts[i] += 1
+
+
+class AutoLength(Drafter):
+    """`gamma=auto` as a drafter: each iteration it asks `drafter` for its options (the draft model's chain,
+    a copy and its length), lets the `DraftLength` controller pick one and a length within the room (zero
+    included: nothing proposed, a plain target step), and proposes that; `accept` records the acceptance and
+    passes the verdict on. `pending(context)`: the tokens the target has not cached yet (its first forward
+    covers them). `report` gives the predicted and the measured decoding speed, leaving out the first
+    iteration, which holds the prefill."""
+
+    name = "auto"
+
+    def __init__(self, drafter: Drafter, controller: DraftLength, setup, pending):
+        self.drafter, self.controller, self.setup, self.pending = drafter, controller, setup, pending
+        self._plan: Plan | None = None
+        self._size = 0
+        self.used: dict[str, int] = {}
+        self.predicted_tokens = self.predicted_seconds = 0.0
+        self._calls = 0
+        self._start: tuple[float, int] | None = None  # (time, tokens) at the second iteration
+
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+        self._calls += 1
+        if self._calls == 2:
+            self._start = (time.perf_counter(), len(context))
+        options = self.drafter.options(context, len(shape)) if shape else []
+        plan = self._plan = self.controller.plan(options, len(context), self.pending(context))
+        kind = plan.option.key.split(":")[0] if plan.option is not None else "none"
+        self.used[kind] = self.used.get(kind, 0) + 1
+        if self._calls >= 2:
+            self.predicted_tokens += plan.tokens
+            self.predicted_seconds += plan.seconds
+        proposal = self.setup.empty() if plan.option is None else plan.option.make(plan.length)
+        self._size = proposal.size
+        return proposal
+
+    def accept(self, verdict: Verdict) -> None:
+        if self._plan is not None and self._plan.option is not None:
+            self.controller.observe(self._plan.option.key, self._size, len(verdict.accepted))
+        self.drafter.accept(verdict)
+
+    def report(self, tokens: int) -> dict:
+        seconds = time.perf_counter() - self._start[0] if self._start else 0.0
+        decoded = tokens - self._start[1] if self._start else 0
+        return {
+            "drafter_iterations": self.used,
+            "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
+                                            if self.predicted_seconds else None),
+            "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
+            "predicted_tokens": self.predicted_tokens, "decode_tokens": decoded,
+            "predicted_seconds": self.predicted_seconds, "decode_seconds": seconds,
+        }

@@ -1,0 +1,178 @@
+"""Drafters that run the draft model: a sampled chain (`DraftChain`) or a tree of a k-config (`DraftTree`).
+
+Each owns the draft model's cache through its `ModelRunner`: it feeds the committed tokens the cache lacks and
+its proposed nodes, and on `accept` keeps the accepted nodes it fed and drops the rest. The last draft of a
+chain and the deepest level of a tree are never fed (nothing reads their draft rows); an accepted one is fed
+with the next proposal, as a committed token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine import ModelRunner
+from ..trees import TokenTree
+from ..verify.verdict import Verdict
+from .base import Drafter, Proposal, Setup
+
+
+class ModelDrafter(Drafter):
+    """A drafter that runs the draft model through `runner`, which nothing else feeds or commits."""
+
+    name = "model"
+
+    def __init__(self, runner: ModelRunner, setup: Setup):
+        self.runner, self.setup = runner, setup
+        self._pending: tuple[int, list[int | None]] | None = None  # (context length, each node's cache entry)
+
+    def _start(self, context: list[int]) -> None:
+        """Drop tentative entries a proposal left without a verdict, so the cache holds a prefix of `context`."""
+        if self.runner.tentative:
+            self.runner.commit(len(context), [])
+        self._pending = None
+
+    def _proposed(self, context: list[int], entries: list[int | None]) -> None:
+        """Remember, for `accept`, each proposed node's tentative entry in the cache (None: not fed)."""
+        self._pending = (len(context), entries)
+
+    def accept(self, verdict: Verdict) -> None:
+        if self._pending is None:
+            return
+        length, entries = self._pending
+        self._pending = None
+        kept = []
+        for node in verdict.accepted:
+            entry = entries[node] if node < len(entries) else None
+            if entry is None or entry >= self.runner.tentative:
+                break
+            kept.append(entry)
+        self.runner.commit(length + len(verdict.new_tokens), kept)
+
+
+class DraftChain(ModelDrafter):
+    """The draft model samples a chain, one draft forward per token; with `confidence` the chain ends after
+    the first token whose probability under the draft's plain softmax (not the warped one, which is
+    one-hot when greedy) is below it. With `fallback` (BiLD's fallback threshold) it ends after a token drawn
+    from a distribution whose largest probability is below it: the warped draft's, or its plain softmax
+    when greedy. The stop is decided by the draft alone from tokens already drawn, so verification stays
+    exact."""
+
+    def __init__(self, runner: ModelRunner, setup: Setup, confidence: float = 0.0, fallback: float = 0.0):
+        super().__init__(runner, setup)
+        self.confidence, self.fallback = confidence, fallback
+
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+        g = len(shape)
+        self._start(context)
+        if g == 0:
+            return self.setup.empty()
+        sampling = self.setup.sampling
+        probs, tokens = [], []
+        logits = self.runner.feed(context)
+        for i in range(g):
+            q = sampling.probs(logits[-1])
+            token = self.setup.sample(q)
+            probs.append(q)
+            tokens.append(token)
+            if self.confidence > 0 and torch.softmax(logits[-1].float(), -1)[token] < self.confidence:
+                break
+            if self.fallback > 0 and self._peak(q, logits[-1]) < self.fallback:
+                break
+            if i + 1 < g:  # the last draft is never fed to the draft model
+                logits = self.runner.feed(context, token.reshape(1))
+        self._proposed(context, list(range(len(tokens))))
+        device = self.setup.device
+        return Proposal(TokenTree.chain(len(tokens)), torch.stack(tokens).to(device), torch.stack(probs).to(device))
+
+    def _peak(self, q: torch.Tensor, logits: torch.Tensor) -> float:
+        return float((torch.softmax(logits.float(), -1) if self.setup.sampling.greedy else q).max())
+
+
+class DraftTree(ModelDrafter):
+    """The draft model expands a full tree of the given k-config level by level, one draft forward per
+    level (MCSD §3.8): every node of depth d gets k_{d+1} children drawn from the draft's warped
+    distribution after its path, i.i.d. (`replacement`) or one after another without replacement, kept
+    in draw order. At temperature 0 the children are the draft's top-k tokens, best first, whatever
+    `replacement` says (i.i.d. argmax draws would all be the same token, which is plain speculative
+    decoding, MCSD §4.5); they are verified against the softmax of those k logits (MCSD §3.6), which with a
+    one-hot target accepts the target's argmax."""
+
+    def __init__(self, runner: ModelRunner, setup: Setup, replacement: bool = False):
+        super().__init__(runner, setup)
+        self.replacement = replacement
+        self._trees: dict[tuple[int, ...], TokenTree] = {}
+
+    def tree(self, shape: tuple[int, ...]) -> TokenTree:
+        if shape not in self._trees:
+            self._trees[shape] = TokenTree.from_branching(shape)
+        return self._trees[shape]
+
+    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+        self._start(context)
+        if not shape:
+            return self.setup.empty()
+        tree = self.tree(shape)
+        logits = self.runner.feed(context)[-1:]  # [1, V]: the root
+        rows, tokens, live = [], [], []
+        parent_live = torch.ones(1, dtype=torch.bool, device=logits.device)
+        for d, k in enumerate(shape, start=1):
+            children, alive, stored = sample_children(self.setup, logits, k, self.replacement)
+            rows.append(stored)
+            flat = children.reshape(-1)
+            tokens.append(flat)
+            parent_live = (alive & parent_live[:, None]).reshape(-1)
+            live.append(parent_live)
+            if d < len(shape):  # the deepest level is never fed to the draft model
+                logits = self.runner.feed(context, flat, tree=tree, nodes=tree.level(d))[-flat.numel():]
+        self._proposed(context, list(range(tree.size)))
+        live_all = torch.cat(live)
+        device = self.setup.device
+        return Proposal(tree, torch.cat(tokens).to(device), torch.cat(rows).to(device),
+                        None if bool(live_all.all()) else live_all.to(device))
+
+
+def sample_children(setup: Setup, logits: torch.Tensor, k: int, replacement: bool):
+    """k children for each of n nodes from their draft logits [n, V]: the session's sampling, or the top-k
+    at temperature 0. Returns (tokens [n, k], live [n, k] bool, the draft rows to verify against [n, V])."""
+    if setup.sampling.greedy:
+        return top_children(logits, k)
+    probs = setup.sampling.probs(logits)
+    return (*draw_children(probs, k, replacement, setup.generator), probs)
+
+
+def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: torch.Generator | None = None):
+    """k children per row of probs [n, V]: i.i.d., or one after another without replacement in draw order.
+
+    Returns (tokens [n, k], live [n, k] bool). Without replacement from a row whose support is smaller than
+    k, the slots past the support are padding (a copy of the first child, live False): MCSD §8.11(b),
+    exact because Algorithm 2 is exact for any number of candidates up to the support.
+    """
+    n, vocab = probs.shape
+    if replacement:
+        tokens = torch.multinomial(probs, k, replacement=True, generator=generator)
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+    # an exponential race (arrival time Exp(1) / q), arrivals kept in time order, is the sequential draw
+    # order without replacement; tokens with q = 0 never arrive
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    arrival = -torch.log1p(-uniform) / probs
+    first = torch.topk(arrival, min(k, vocab), dim=-1, largest=False, sorted=True).indices
+    live = probs.gather(-1, first) > 0
+    return _pad(torch.where(live, first, first[:, :1]), live, k)
+
+
+def top_children(logits: torch.Tensor, k: int):
+    """Temperature 0: the k best tokens per row, best first, and the softmax of their logits as the draft
+    row (MCSD §3.6). Returns (tokens [n, k], live [n, k], rows [n, V])."""
+    top = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
+    rows = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    rows.scatter_(-1, top.indices, torch.softmax(top.values.float(), -1))
+    return (*_pad(top.indices, torch.ones_like(top.indices, dtype=torch.bool), k), rows)
+
+
+def _pad(tokens: torch.Tensor, live: torch.Tensor, k: int):
+    """Pad [n, m] to k columns with dead copies of the first child (k above the vocabulary)."""
+    n, m = tokens.shape
+    if m == k:
+        return tokens, live
+    return (torch.cat([tokens, tokens[:, :1].expand(n, k - m)], 1),
+            torch.cat([live, torch.zeros(n, k - m, dtype=torch.bool, device=live.device)], 1))
