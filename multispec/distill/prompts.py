@@ -182,7 +182,7 @@ def _long_prompts(rng: random.Random, n: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-# Data-rich extraction (session 6): MT-Bench's extraction questions hand over several records or a long
+# Data-rich extraction: MT-Bench's extraction questions hand over several records or a long
 # text and ask for fields, rankings or a format (JSON, CSV, one line each); the pool's one-passage tasks
 # left extraction the weakest category (agreement 0.22). Records here are generated, so answers must copy
 # names and numbers from the prompt, which is what the draft has to learn.

@@ -37,8 +37,8 @@ class TrainConfig:
     seed: int = 0
     max_length: int = 512
     dtype: str = "bfloat16"  # matrix products of training steps under autocast; "float32" for none. On a CPU with
-    # bfloat16 instructions this trains 1.5-1.8x faster (2-core machine, 6-8 steps A/B: 478-541 -> 733-996 tokens/s)
-    # with the same losses to three decimals; the held-out evaluation always runs in float32
+    # bfloat16 instructions this trains faster with the same losses (measured: benchmarks/results/draft-d8-*);
+    # the held-out evaluation always runs in float32
 
 
 def coarse_kl(draft_logits: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
