@@ -305,9 +305,7 @@ class Session:
         return min(wanted, self.budget() - 1) if bonus else max(1, min(wanted, self.budget()))
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
-        if self.sampling.greedy:
-            return probs.argmax(-1)
-        return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
+        return self.sampling.draw(probs, self.generator)
 
     def draft_runner(self) -> ModelRunner:
         """The draft model's runner, made on first use: the drafter that asks for it feeds and commits it

@@ -31,6 +31,12 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def draw(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """One token per row of warped `probs`: the argmax when greedy, else a draw with `generator`."""
+        if self.greedy:
+            return probs.argmax(-1)
+        return torch.multinomial(probs, 1, generator=generator)[..., 0]
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
         logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits

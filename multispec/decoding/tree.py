@@ -87,8 +87,12 @@ def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: s
                    drafted_per_depth=drafts)
 
 
-REPLACEMENT_AT_ZERO = ("; at temperature 0 the children are the draft's top-k distinct tokens either way (i.i.d. "
-                       "argmax draws would all be one token, which MCSD §4.5 notes degenerates to sd)")
+def replacement_param(default: bool, help: str) -> Param:
+    return Param(bool, default, rule="true or false",
+                 help=help + "; at temperature 0 the children are the draft's top-k distinct tokens either way "
+                             "(i.i.d. argmax draws would all be one token, which MCSD §4.5 notes degenerates to sd)")
+
+
 register(Method("batch-sd", decode_batch, needs_draft=True, exact="equals ar in distribution",
                 summary="M independent draft chains verified together (batch SD of Yin et al., 2024)",
                 params={"drafts": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "number of draft chains M"),
@@ -99,9 +103,8 @@ register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distr
                 summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
                 params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
                                                    "the root, 2 of each"),
-                        "replacement": Param(bool, False, rule="true or false",
-                                             help="i.i.d. children (Algorithm 1) or draws without replacement "
-                                                  "in draw order (Algorithm 2)" + REPLACEMENT_AT_ZERO),
+                        "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
+                                                                "replacement in draw order (Algorithm 2)"),
                         "tree_attention": Param(bool, True, rule="true or false",
                                                 help="score the tree in one masked row; false: one batch row of "
                                                      "copied caches per root-to-leaf path (ablation)"),
@@ -112,7 +115,5 @@ register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals a
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
                                                    "each depth"),
-                        "replacement": Param(bool, True, rule="true or false",
-                                             help="i.i.d. children, or draws without replacement"
-                                                  + REPLACEMENT_AT_ZERO),
+                        "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))

@@ -45,9 +45,7 @@ class Setup:
     device: torch.device
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
-        if self.sampling.greedy:
-            return probs.argmax(-1)
-        return torch.multinomial(probs, 1, generator=self.generator)[..., 0]
+        return self.sampling.draw(probs, self.generator)
 
     def empty(self) -> Proposal:
         """Nothing proposed: the iteration is a plain target step."""
