@@ -284,5 +284,9 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) ->
         "accepted_length_histogram": list(s.accepted_lengths),
         "position_acceptance": [a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries),
                                                        s.position_tries, strict=False)],
+        # tree methods: per drafter ("model/without-replacement", "model/iid", "model/top-k", "copy"), by depth
+        # (rows) and sibling rank (columns): tries, accepts, and the acceptance of the rank-i child given that
+        # the earlier ones were rejected
+        **({"rank_acceptance": {k: v.as_dict() for k, v in s.ranks.items()}} if s.ranks else {}),
         **s.info,
     }

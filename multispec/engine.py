@@ -280,6 +280,8 @@ class Session:
         self.accepted_lengths: list[int] = []
         self.position_tries: list[int] = []
         self.position_accepts: list[int] = []
+        # tree methods: acceptance by depth and sibling rank, per drafter and draw mode (`tree_search`)
+        self.ranks: dict = {}
         self.info: dict = {}  # method-specific statistics, merged into the result's stats
         limits = [m.max_length for m in (target, draft) if m is not None and m.max_length is not None]
         self.max_length = min(limits) if limits else None

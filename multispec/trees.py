@@ -13,7 +13,9 @@ same way, by the parent a node was drawn from.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -83,6 +85,62 @@ class TokenTree:
             width *= k
         return cls.from_parents(parents)
 
+    @classmethod
+    def canonical(cls, parents: list[int]) -> TokenTree:
+        """The same tree relabelled breadth first, each node's children contiguous and in their order (the
+        order they are drawn and tested in): the layout a drafter expands level by level."""
+        tree = cls.from_parents(list(parents))
+        order, frontier = [], [-1]
+        while frontier:
+            frontier = [c for g in frontier for c in tree.children(g)]
+            order += frontier
+        new = {g: i for i, g in enumerate(order)}
+        return cls.from_parents([-1 if parents[g] < 0 else new[parents[g]] for g in order])
+
+    @classmethod
+    def from_nested(cls, nested: list) -> TokenTree:
+        """A tree written as nested lists, each list a node's children: [[[], []], []] is a root with two
+        children, the first of which has two (leaf) children."""
+        parents: list[int] = []
+
+        def walk(children, parent: int, depth: int) -> None:
+            if not isinstance(children, list):
+                raise ValueError(f"a nested tree holds only lists, found {children!r}")
+            if depth > MAX_TREE_NODES:
+                raise ValueError("the nested tree is deeper than the node limit")
+            for child in children:
+                parents.append(parent)
+                walk(child, len(parents) - 1, depth + 1)
+
+        walk(nested, -1, 0)
+        return cls.canonical(parents)
+
+    def truncate(self, depth: int) -> TokenTree:
+        """The nodes of depth <= `depth` (a prefix of a breadth-first tree)."""
+        if depth >= self.max_depth:
+            return self
+        n = int((self.depth <= depth).sum())
+        if bool((self.depth[:n] > depth).any()):
+            raise ValueError("truncate needs a breadth-first tree")
+        return TokenTree.chain(n) if self.is_chain else TokenTree.from_parents(self.parents[:n].tolist())
+
+    def widths(self) -> list[int]:
+        """Nodes per depth, from depth 1."""
+        return torch.bincount(self.depth, minlength=self.max_depth + 1)[1:].tolist()
+
+    def branching(self) -> tuple[int, ...]:
+        """The most children of any node at each depth: the k-config that holds this tree."""
+        most = [0] * self.max_depth
+        for g in range(-1, self.size):
+            d = 0 if g < 0 else int(self.depth[g])
+            if d < self.max_depth:
+                most[d] = max(most[d], len(self.children(g)))
+        return tuple(most)
+
+    def describe(self) -> str:
+        """A short label: '12 nodes, depth 4, widths 4-4-3-1'."""
+        return f"{self.size} nodes, depth {self.max_depth}, widths {'-'.join(map(str, self.widths()))}"
+
     def children(self, g: int) -> tuple[int, ...]:
         """Children of node g in draw order; g = -1 is the root."""
         return self.kids[1 + g]
@@ -124,6 +182,23 @@ def _chain(n: int) -> TokenTree:
     return TokenTree.from_parents(list(range(-1, n - 1)))
 
 
+Shape = tuple[int, ...] | TokenTree  # what a drafter is asked for: a k-config (a chain: all ones) or a tree
+
+
+def shape_depth(shape: Shape) -> int:
+    return shape.max_depth if isinstance(shape, TokenTree) else len(shape)
+
+
+def cut(shape: Shape, depth: int) -> Shape:
+    """`shape` down to `depth` levels (the room left)."""
+    return shape.truncate(depth) if isinstance(shape, TokenTree) else shape[:depth]
+
+
+def branching_of(shape: Shape) -> tuple[int, ...]:
+    """The k-config of a shape: itself, or the most children per depth of a tree."""
+    return shape.branching() if isinstance(shape, TokenTree) else tuple(shape)
+
+
 def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
     """'4x2x2' -> (4, 2, 2); a clear ValueError for anything else."""
     if isinstance(text, (list, tuple)):
@@ -139,3 +214,34 @@ def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
         raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {text!r}")
     TokenTree.from_branching(ks)  # the node limit
     return ks
+
+
+def load_tree(path: str | Path) -> TokenTree:
+    """A tree from a JSON file: a list of parent indices ([-1, -1, 0]: two children of the root, the first
+    with one child; parents before children), an object {"parents": [...]}, or nested lists (see
+    `TokenTree.from_nested`). Plan files written by `multispec tune` hold {"parents": [...]} too."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read the tree file {str(path)!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"the tree file {str(path)!r} is not JSON: {e}") from None
+    return tree_from_json(data, str(path))
+
+
+def tree_from_json(data, where: str = "the tree") -> TokenTree:
+    if isinstance(data, dict):
+        if "parents" not in data:
+            raise ValueError(f"{where}: an object must have a 'parents' list")
+        data = data["parents"]
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{where}: expected a non-empty list of parent indices or nested lists")
+    if all(isinstance(x, list) for x in data):
+        return TokenTree.from_nested(data)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in data):
+        raise ValueError(f"{where}: a list of parent indices holds integers only (or use nested lists)")
+    try:
+        return TokenTree.canonical(data)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None

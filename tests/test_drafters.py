@@ -271,7 +271,16 @@ def test_forward_cost_is_measured_once_and_never_decreases(tiny_llama_model):
     assert forward_cost(tiny_llama_model) is cost
     for row in cost.seconds:
         assert all(b >= a for a, b in zip(row, row[1:], strict=False))
-        assert cost(len(row) + 3) >= row[-1]
+        assert cost(cost.tokens[-1] + 3) >= row[-1]
+    assert cost.tokens[-1] >= 65  # a 64-node tree and its root
+
+
+def test_forward_cost_interpolates_between_measured_token_counts():
+    cost = ForwardCost((1.0, 2.0, 4.0), tokens=(1, 2, 6))
+    assert cost(4) == pytest.approx(3.0) and cost(6) == 4.0
+    assert cost(8) == pytest.approx(5.0)  # along the last segment: 0.5 s per token
+    with pytest.raises(ValueError, match="one cost per measured token count"):
+        ForwardCost((1.0, 2.0), tokens=(1, 2, 3))
 
 
 def test_forward_cost_interpolates_between_contexts_and_extends_past_the_measured_lengths():

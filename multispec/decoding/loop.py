@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 from ..drafting import Drafter, Proposal
 from ..engine import Session
+from ..trees import Shape, cut, shape_depth
 from ..verify import Verdict
 
 
@@ -36,12 +37,12 @@ def chain_count(proposal: Proposal) -> dict:
     return {"drafted": proposal.size}
 
 
-def speculate(s: Session, drafter: Drafter, shape: tuple[int, ...], verify: Callable[[Proposal], Verdict],
+def speculate(s: Session, drafter: Drafter, shape: Shape, verify: Callable[[Proposal], Verdict],
               bonus: bool = True, counted: Callable[[Proposal], dict] = chain_count) -> None:
-    """Run the loop (module note) with proposals of `shape` (branching factors; cut to the room left).
+    """Run the loop (module note) with proposals of `shape` (branching factors or a tree; cut to the room left).
     `counted(proposal)`: the counts `Session.commit` records for it (default: every node a draft position)."""
-    for depth in draft_depths(s, len(shape), bonus):
-        proposal = drafter.propose(s.tokens, shape[:depth])
+    for depth in draft_depths(s, shape_depth(shape), bonus):
+        proposal = drafter.propose(s.tokens, cut(shape, depth))
         if proposal.size == 0:  # nothing proposed (a copying drafter found no match)
             s.commit(Verdict.token(target_step(s)))
         else:

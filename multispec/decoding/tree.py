@@ -1,12 +1,15 @@
 """Token-tree methods: `mcsd` (MCSD, Yang et al., 2024), `specinfer` (Miao et al., 2023) and `batch-sd`
 (Yin et al., 2024) on one loop.
 
-propose: `DraftTree` expands a full tree of the k-config level by level (one draft forward per level), or
-         the `drafter` copies (`multispec.drafting.copying`: fixed nodes), or both as branches of one tree;
+propose: `DraftTree` expands the tree level by level (one draft forward per level): a full tree of the
+         k-config, any tree given as `tree=FILE`, or with `tree=auto` the tree the controller picks each
+         iteration (`multispec.drafting.shape`); or the `drafter` copies (`multispec.drafting.copying`:
+         fixed nodes), or both as branches of one tree;
 score:   one target forward over the uncached committed token and every node, with an ancestor-only mask
          and depth positions (`tree_attention`), or, for MCSD's ablation (§3.11), one batch row of copied
          caches per root-to-leaf path (same rows, same tokens, more cost);
-verify:  `tree_verify` with a node rule (Algorithm 1, Algorithm 2 or the naive MCNS);
+verify:  `tree_verify` with a node rule (Algorithm 1, Algorithm 2 or the naive MCNS); the session counts
+         acceptance by depth and sibling rank (`multispec.tree_search`);
 commit:  the session commits the target's accepted path; the drafter keeps its own.
 
 SpecInfer's multi-step speculative sampling with one draft model and i.i.d. children is MCSD's
@@ -17,17 +20,20 @@ tree, and gives the same tokens as `mcsd` for the same seed, tree and replacemen
 from __future__ import annotations
 
 from ..drafting import Drafter, make_drafter
+from ..drafting.shape import AutoTree
 from ..engine import Session
-from ..trees import TokenTree, parse_k_config
+from ..models.cost import forward_cost
+from ..tree_search import RankAcceptance, record_verdict
+from ..trees import Shape, TokenTree, load_tree, parse_k_config, tree_from_json
 from ..verify import naive_rejection, recursive_rejection, tree_verify, without_replacement_rejection
 from .loop import speculate
 from .registry import BONUS, Method, Param, drafter_params, k_config_param, register
 
 
-def speculate_tree(s: Session, drafter: Drafter, shape: tuple[int, ...], rule, bonus: bool = True,
-                   tree_attention: bool = True, drafted_per_depth: int = 1) -> None:
+def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool = True,
+                   tree_attention: bool = True, drafted_per_depth: int = 1, rank_key: str = "model") -> None:
     """The tree loop. `drafted_per_depth`: draft positions counted per depth (1 for a tree, M for M chains),
-    for the acceptance rate."""
+    for the acceptance rate; `rank_key`: the drafter and draw mode its rank acceptance is counted under."""
 
     def verify(proposal):
         tree = proposal.tree
@@ -38,8 +44,10 @@ def speculate_tree(s: Session, drafter: Drafter, shape: tuple[int, ...], rule, b
         else:
             logits = s.target.feed_paths(s.tokens, proposal.tokens, tree)
         target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g
-        return tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule, bonus,
-                           proposal.live, proposal.fixed)
+        verdict = tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule, bonus,
+                              proposal.live, proposal.fixed)
+        record_verdict(s.ranks, rank_key, tree, verdict.accepted, verdict.rejected, proposal.live, proposal.fixed)
+        return verdict
 
     def counted(proposal):
         depth = proposal.tree.max_depth
@@ -61,20 +69,89 @@ def node_rule(verifier: str, replacement: bool):
     return recursive_rejection if replacement else without_replacement_rejection
 
 
-def decode_mcsd(s: Session, *, k_config: str, replacement: bool, tree_attention: bool, verifier: str, drafter: str,
-                min_ngram: int, max_ngram: int) -> None:
+def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, replacement: bool, tree_attention: bool,
+                verifier: str, drafter: str, min_ngram: int, max_ngram: int) -> None:
     if not tree_attention and drafter != "model":
         raise ValueError("tree_attention=false (one cache row per path) needs drafter=model: copied branches "
                          "have paths of different lengths")
-    proposer = make_drafter(drafter, s, tree=True, replacement=replacement, min_ngram=min_ngram, max_ngram=max_ngram)
-    speculate_tree(s, proposer, parse_k_config(k_config), node_rule(verifier, replacement),
-                   tree_attention=tree_attention)
+    if not tree_attention and tree is not None:
+        raise ValueError("tree_attention=false (one cache row per path) takes k-config trees only: every leaf "
+                         "must be at one depth")
+    _decode_tree(s, k_config, tree, acceptance, replacement, node_rule(verifier, replacement), drafter, min_ngram,
+                 max_ngram, tree_attention)
 
 
-def decode_specinfer(s: Session, *, k_config: str, replacement: bool, drafter: str, min_ngram: int,
-                     max_ngram: int) -> None:
+def decode_specinfer(s: Session, *, k_config: str, tree, acceptance: str | None, replacement: bool, drafter: str,
+                     min_ngram: int, max_ngram: int) -> None:
+    _decode_tree(s, k_config, tree, acceptance, replacement, node_rule("mcss", replacement), drafter, min_ngram,
+                 max_ngram)
+
+
+def _decode_tree(s: Session, k_config: str, tree, acceptance: str | None, replacement: bool, rule, drafter: str,
+                 min_ngram: int, max_ngram: int, tree_attention: bool = True) -> None:
+    if acceptance is not None and tree != "auto":
+        raise ValueError("acceptance is the prior of tree=auto; it needs tree=auto")
     proposer = make_drafter(drafter, s, tree=True, replacement=replacement, min_ngram=min_ngram, max_ngram=max_ngram)
-    speculate_tree(s, proposer, parse_k_config(k_config), node_rule("mcss", replacement))
+    key = f"{drafter if drafter != 'hybrid' else 'model'}/{draw_mode(s, replacement)}"
+    if tree != "auto":
+        shape = parse_k_config(k_config) if tree is None else as_tree(tree)
+        return speculate_tree(s, proposer, shape, rule, tree_attention=tree_attention, rank_key=key)
+    if drafter != "model":
+        raise ValueError("tree=auto needs drafter=model: it shapes the draft model's tree from its acceptance")
+    draft = s.draft_model
+    auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
+                    forward_cost(draft), lambda: s.target.seconds + (s.draft.seconds if s.draft else 0.0),
+                    lambda context: len(context) - s.target.committed, parse_acceptance(acceptance))
+    speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
+    s.info.update(auto.report(len(s.tokens)))
+
+
+def draw_mode(s: Session, replacement: bool) -> str:
+    """How a node's children are drawn: the top-k at temperature 0, else i.i.d. or without replacement."""
+    return "top-k" if s.sampling.greedy else "iid" if replacement else "without-replacement"
+
+
+def as_tree(value) -> TokenTree:
+    """A `tree` parameter: a TokenTree, a list (parents or nested), or a JSON file holding one."""
+    if isinstance(value, TokenTree):
+        return TokenTree.canonical(value.parents.tolist())
+    if isinstance(value, (list, dict)):
+        return tree_from_json(value)
+    return load_tree(value)
+
+
+def parse_acceptance(text: str | None) -> list[float] | None:
+    """'0.6,0.2,0.1' -> the prior acceptance of the rank-0, 1, 2 children."""
+    if text is None:
+        return None
+    try:
+        rates = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if not rates or any(not 0 <= r <= 1 for r in rates):
+        raise ValueError(f"acceptance must be comma-separated rates in [0, 1] (rank 0 first), got {text!r}")
+    return rates
+
+
+def _check_tree(value) -> bool:
+    if value == "auto":
+        return True
+    as_tree(value)  # raises with the reason
+    return True
+
+
+def _check_acceptance(value) -> bool:
+    parse_acceptance(value)
+    return True
+
+
+TREE = Param(object, None, _check_tree, "'auto', or a JSON file of parent indices or nested lists",
+             "any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
+             "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
+             "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia)")
+ACCEPTANCE = Param(str, None, _check_acceptance, "comma-separated rates in [0, 1]",
+                   "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
+                   "(multispec tune writes it into plan files)")
 
 
 def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int,
@@ -84,7 +161,8 @@ def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: s
     (M, 1, ..., 1). A copying drafter proposes its copied chain (`suffix`: up to M distinct ones)."""
     proposer = make_drafter(drafter, s, tree=True, replacement=True, min_ngram=min_ngram, max_ngram=max_ngram)
     speculate_tree(s, proposer, (drafts,) + (1,) * (gamma - 1), recursive_rejection, bonus=bonus,
-                   drafted_per_depth=drafts)
+                   drafted_per_depth=drafts, rank_key=f"{drafter if drafter != 'hybrid' else 'model'}/"
+                                                     f"{draw_mode(s, True)}")
 
 
 def replacement_param(default: bool, help: str) -> Param:
@@ -103,6 +181,7 @@ register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distr
                 summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
                 params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
                                                    "the root, 2 of each"),
+                        "tree": TREE, "acceptance": ACCEPTANCE,
                         "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
                                                                 "replacement in draw order (Algorithm 2)"),
                         "tree_attention": Param(bool, True, rule="true or false",
@@ -115,5 +194,6 @@ register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals a
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
                                                    "each depth"),
+                        "tree": TREE, "acceptance": ACCEPTANCE,
                         "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))

@@ -1,7 +1,7 @@
 """The drafter interface: `propose(context, shape) -> Proposal`, then `accept(verdict)`.
 
 A drafter is asked for a proposal on the committed tokens (`context`) within a `shape`: a tuple of branching
-factors (a k-config; a chain of g drafts is (1,) * g). It may return a smaller tree (a chain that stops
+factors (a k-config; a chain of g drafts is (1,) * g) or a `TokenTree` laid out breadth first. It may return a smaller tree (a chain that stops
 early, a copy shorter than asked). After the target has verified the proposal, the method hands the drafter
 the `Verdict`, whose node indices are the proposal's: a drafter that runs the draft model keeps the accepted
 entries of that model's KV cache, which it alone feeds and commits, and drops the rest. `options` lists the
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trees import TokenTree
+from ..trees import Shape, TokenTree
 from ..verify.verdict import Verdict
 from ..warp import Sampling
 
@@ -69,7 +69,7 @@ class Drafter:
 
     name = "drafter"
 
-    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+    def propose(self, context: list[int], shape: Shape) -> Proposal:
         raise NotImplementedError
 
     def accept(self, verdict: Verdict) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..trees import TokenTree
+from ..trees import Shape, TokenTree, branching_of
 from ..verify.verdict import Verdict
 from .base import Drafter, Option, Proposal, Setup
 
@@ -94,8 +94,8 @@ class CopyDrafter(Drafter):
     def select(self, tokens, n, positions, shape) -> Copy | None:
         raise NotImplementedError
 
-    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
-        return fixed_proposal(self.setup, self.find(context, shape))
+    def propose(self, context: list[int], shape: Shape) -> Proposal:
+        return fixed_proposal(self.setup, self.find(context, branching_of(shape)))
 
     def options(self, context: list[int], depth: int) -> list[Option]:
         copy = self.find(context, (1,) * depth)
@@ -181,9 +181,10 @@ class Hybrid(Drafter):
     def __init__(self, copier: CopyDrafter, model: Drafter | None):
         self.copier, self.model = copier, model
 
-    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
-        chain = all(k == 1 for k in shape)
-        copy = self.copier.find(context, (1,) * len(shape))
+    def propose(self, context: list[int], shape: Shape) -> Proposal:
+        branching = branching_of(shape)
+        chain = all(k == 1 for k in branching)
+        copy = self.copier.find(context, (1,) * len(branching))
         if self.model is None or (chain and copy is not None):
             return fixed_proposal(self.copier.setup, copy)
         proposal = self.model.propose(context, shape)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import ModelRunner
-from ..trees import TokenTree
+from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
 from .base import Drafter, Proposal, Setup
 
@@ -89,41 +89,50 @@ class DraftChain(ModelDrafter):
 
 
 class DraftTree(ModelDrafter):
-    """The draft model expands a full tree of the given k-config level by level, one draft forward per
-    level (MCSD §3.8): every node of depth d gets k_{d+1} children drawn from the draft's warped
-    distribution after its path, i.i.d. (`replacement`) or one after another without replacement, kept
-    in draw order. At temperature 0 the children are the draft's top-k tokens, best first, whatever
-    `replacement` says (i.i.d. argmax draws would all be the same token, which is plain speculative
+    """The draft model expands a tree level by level, one draft forward per level (MCSD §3.8): every node gets
+    its children (k_{d+1} each for a k-config; any number for a `TokenTree` in breadth-first layout) drawn from
+    the draft's warped distribution after its path, i.i.d. (`replacement`) or one after another without
+    replacement, kept in draw order. At temperature 0 the children are the draft's top-k tokens, best first,
+    whatever `replacement` says (i.i.d. argmax draws would all be the same token, which is plain speculative
     decoding, MCSD §4.5); they are verified against the softmax of those k logits (MCSD §3.6), which with a
-    one-hot target accepts the target's argmax."""
+    one-hot target accepts the target's argmax. Every node of a level but the deepest is fed, leaves
+    included: the runner's entries follow the node order."""
 
     def __init__(self, runner: ModelRunner, setup: Setup, replacement: bool = False):
         super().__init__(runner, setup)
         self.replacement = replacement
         self._trees: dict[tuple[int, ...], TokenTree] = {}
 
-    def tree(self, shape: tuple[int, ...]) -> TokenTree:
+    def tree(self, shape: Shape) -> TokenTree:
+        if isinstance(shape, TokenTree):
+            return shape
         if shape not in self._trees:
             self._trees[shape] = TokenTree.from_branching(shape)
         return self._trees[shape]
 
-    def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
+    def propose(self, context: list[int], shape: Shape) -> Proposal:
         self._start(context)
-        if not shape:
+        tree = self.tree(shape) if shape_depth(shape) else None
+        if tree is None or tree.size == 0:
             return self.setup.empty()
-        tree = self.tree(shape)
         logits = self.runner.feed(context)[-1:]  # [1, V]: the root
         rows, tokens, live = [], [], []
-        parent_live = torch.ones(1, dtype=torch.bool, device=logits.device)
-        for d, k in enumerate(shape, start=1):
-            children, alive, stored = sample_children(self.setup, logits, k, self.replacement)
+        parents, parent_live = [-1], torch.ones(1, dtype=torch.bool, device=logits.device)
+        for d in range(1, tree.max_depth + 1):
+            counts = torch.tensor([len(tree.children(g)) for g in parents], device=logits.device)
+            children, alive, stored = sample_children(self.setup, logits, int(counts.max()), self.replacement)
             rows.append(stored)
-            flat = children.reshape(-1)
+            alive = alive & parent_live[:, None]
+            kept = torch.arange(children.shape[1], device=logits.device) < counts[:, None]  # [n, k]
+            flat, parent_live = children[kept], alive[kept]  # parent by parent, in draw order
+            level = tree.level(d)
+            parents = [c for g in parents for c in tree.children(g)]
+            if parents != list(range(level.start, level.stop)):
+                raise ValueError("a drafted tree must be laid out breadth first (TokenTree.canonical)")
             tokens.append(flat)
-            parent_live = (alive & parent_live[:, None]).reshape(-1)
             live.append(parent_live)
-            if d < len(shape):  # the deepest level is never fed to the draft model
-                logits = self.runner.feed(context, flat, tree=tree, nodes=tree.level(d))[-flat.numel():]
+            if d < tree.max_depth:  # the deepest level is never fed to the draft model
+                logits = self.runner.feed(context, flat, tree=tree, nodes=level)[-flat.numel():]
         self._proposed(context, list(range(tree.size)))
         live_all = torch.cat(live)
         device = self.setup.device

@@ -8,6 +8,7 @@ length controller (`multispec.drafting.length`) and the tuning tools read it.
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 import time
@@ -17,29 +18,37 @@ import torch
 
 from .base import LanguageModel
 
-# the most drafts `gamma=auto` proposes; T(k) is measured up to MAX_AUTO_GAMMA + 1 tokens
+# the most drafts `gamma=auto` proposes
 MAX_AUTO_GAMMA = 10
 COST_CONTEXTS = (128, 1024)  # cached tokens while measuring: attention makes long contexts dearer
+# new-token counts measured: every chain `gamma=auto` may verify, then sparser up to a 64-node tree plus its root
+COST_TOKENS = (*range(1, MAX_AUTO_GAMMA + 3), 16, 24, 32, 48, 65)
 
 
 @dataclass(frozen=True)
 class ForwardCost:
-    """seconds[c][k - 1]: one forward over k new tokens after contexts[c] cached ones. Between measured
-    contexts the cost is interpolated linearly, beyond them extrapolated along the last segment (never
-    below the shortest context's cost); beyond the measured k, linearly along the last step."""
+    """seconds[c][j]: one forward over tokens[j] new tokens after contexts[c] cached ones (tokens default
+    1, 2, ...). Between measured token counts and contexts the cost is interpolated linearly; beyond the
+    contexts it is extrapolated along the last segment (never below the shortest context's cost), beyond the
+    largest token count along the last step."""
     seconds: tuple[tuple[float, ...], ...]
     contexts: tuple[int, ...] = (COST_CONTEXTS[0],)
+    tokens: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not self.seconds or isinstance(self.seconds[0], (int, float)):  # one context given as a flat tuple
             object.__setattr__(self, "seconds", (tuple(self.seconds),))
         if len(self.contexts) != len(self.seconds):
             raise ValueError("one row of seconds per context")
+        if self.tokens is None:
+            object.__setattr__(self, "tokens", tuple(range(1, len(self.seconds[0]) + 1)))
+        if any(len(row) != len(self.tokens) for row in self.seconds):
+            raise ValueError("one cost per measured token count")
 
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
-        rows = [_extend(row, k) for row in self.seconds]
+        rows = [_extend(self.tokens, row, k) for row in self.seconds]
         if context is None or len(rows) == 1:
             return rows[0]
         c = self.contexts
@@ -48,11 +57,19 @@ class ForwardCost:
         return max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
 
 
-def _extend(row: tuple[float, ...], k: int) -> float:
-    if k <= len(row):
-        return row[k - 1]
-    slope = max(row[-1] - row[-2], 0.0) if len(row) > 1 else row[-1]
-    return row[-1] + slope * (k - len(row))
+def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
+    j = bisect.bisect_left(tokens, k)
+    if j < len(tokens) and tokens[j] == k:
+        return row[j]
+    if j == 0:
+        return row[0]
+    if j < len(tokens):  # between two measured counts
+        w = (k - tokens[j - 1]) / (tokens[j] - tokens[j - 1])
+        return row[j - 1] + w * (row[j] - row[j - 1])
+    if len(row) == 1:
+        return row[0] * k / tokens[0]
+    slope = max((row[-1] - row[-2]) / (tokens[-1] - tokens[-2]), 0.0)
+    return row[-1] + slope * (k - tokens[-1])
 
 
 _COSTS: dict[str, ForwardCost] = {}
@@ -66,8 +83,8 @@ def cost_key(model: LanguageModel) -> str:
             f"torch={torch.__version__}")
 
 
-def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> ForwardCost:
-    """T(1..max_tokens) for `model`, measured once (see the module note)."""
+def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS) -> ForwardCost:
+    """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note)."""
     key = cost_key(model)
     if key in _COSTS:
         return _COSTS[key]
@@ -77,12 +94,12 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
             saved = json.loads(store.read_text()).get(key)
         except (OSError, ValueError):
             saved = None
-        if saved and saved.get("contexts") == list(COST_CONTEXTS):
-            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]))
+        if saved and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
+            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens)
             return _COSTS[key]
     global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
-    cost = measure_forward_cost(model, max_tokens)
+    cost = measure_forward_cost(model, tokens)
     # a one-time cost, like compiling (which the model counts itself)
     calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
@@ -91,7 +108,8 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
             data = json.loads(store.read_text()) if store.exists() else {}
         except (OSError, ValueError):
             data = {}
-        data[key] = {"contexts": list(cost.contexts), "seconds": [list(r) for r in cost.seconds]}
+        data[key] = {"contexts": list(cost.contexts), "tokens": list(cost.tokens),
+                     "seconds": [list(r) for r in cost.seconds]}
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(data, indent=1))
@@ -100,35 +118,36 @@ def forward_cost(model: LanguageModel, max_tokens: int = MAX_AUTO_GAMMA + 1) -> 
     return cost
 
 
-def measure_forward_cost(model: LanguageModel, max_tokens: int, contexts: tuple[int, ...] = COST_CONTEXTS,
-                         repeats: int = 4) -> ForwardCost:
-    """Median over `repeats` interleaved rounds of the seconds of a forward over k = 1..max_tokens tokens
+def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,
+                         contexts: tuple[int, ...] = COST_CONTEXTS, repeats: int = 4) -> ForwardCost:
+    """Median over `repeats` interleaved rounds of the seconds of a forward over k new tokens, k in `tokens`,
     after each of `contexts` cached tokens (random token ids: the cost does not depend on which)."""
-    if model.max_length is not None:  # toy models' short horizons
-        contexts = tuple(sorted({max(1, min(c, model.max_length // 2)) for c in contexts}))
-        max_tokens = max(1, min(max_tokens, model.max_length - contexts[-1]))
+    if model.max_length is not None:  # toy models' short horizons (the last position is never fed)
+        contexts = tuple(sorted({max(1, min(c, (model.max_length - 1) // 2)) for c in contexts}))
+        room = max(1, model.max_length - 1 - contexts[-1])
+        tokens = tuple(k for k in tokens if k <= room) or (1,)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(model.vocab_size, (1, contexts[-1] + max_tokens), generator=gen).to(model.device)
+    ids = torch.randint(model.vocab_size, (1, contexts[-1] + tokens[-1]), generator=gen).to(model.device)
     rows = []
     for context in contexts:
         cache = model.new_cache()
         model.forward(cache, ids[:, :context], logits_to_keep=1)
-        for k in range(1, max_tokens + 1):  # warm-up: lazy initialisation, allocator, a compile per bucket
+        for k in tokens:  # warm-up: lazy initialisation, allocator, a compile per bucket
             model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
             model.crop(cache, context)
-        times: list[list[float]] = [[] for _ in range(max_tokens)]
+        times: list[list[float]] = [[] for _ in tokens]
         for _ in range(repeats):
-            for k in range(1, max_tokens + 1):
+            for j, k in enumerate(tokens):
                 _sync(model)
                 t0 = time.perf_counter()
                 model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
                 _sync(model)
-                times[k - 1].append(time.perf_counter() - t0)
+                times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
         medians = [statistics.median(t) for t in times]
         # a longer forward never costs less; a noisy dip would make the controller prefer it
-        rows.append(tuple(max(medians[: k + 1]) for k in range(len(medians))))
-    return ForwardCost(tuple(rows), contexts)
+        rows.append(tuple(max(medians[: j + 1]) for j in range(len(medians))))
+    return ForwardCost(tuple(rows), contexts, tokens)
 
 
 def _persistent(model: LanguageModel) -> bool:

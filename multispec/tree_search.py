@@ -1,0 +1,275 @@
+"""Token trees that fit a pair and a machine: acceptance by sibling rank, the optimal tree of n nodes (the
+dynamic programme of Sequoia, Chen et al., 2024), and the tree that gives the most tokens per second.
+
+Glossary:
+  rank    a child's place in its parent's draw order (0: drawn first). Tree verification tests children in
+          draw order, so the rank-i child is tried only when ranks < i were rejected.
+  rate    rate[d][i]: the probability that the rank-i child at depth d (1-based) is accepted, given that its
+          parent was accepted and ranks < i were rejected. Measured as accepts / tries (`RankAcceptance`).
+  reach   reach[d][i] = rate[d][i] * prod_{j < i} (1 - rate[d][j]): the probability that the rank-i child is
+          the accepted one, given that its parent was.
+  value   of a tree: the expected tokens one target call commits, 1 + sum over nodes of the product of the
+          reaches on the node's path (the 1 is the bonus or replacement token). This is Sequoia's positional
+          acceptance assumption: acceptance depends on depth and rank, not on the tokens.
+
+`optimal_trees` finds, for every node count n up to a budget and every depth limit, the tree of the highest
+value; `fastest_tree` weighs each against its cost (one target forward over n + 1 tokens, one draft forward
+per level but the deepest at that level's width, and the per-iteration work) and keeps the best, zero
+drafts included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .models.cost import ForwardCost
+from .trees import TokenTree
+
+MAX_CHILDREN = 8  # ranks the search considers per node
+# prior acceptance per rank where nothing was measured: Beta(1, 3 (i + 1) - 1), means 1/3, 1/6, 1/9, ...
+PRIOR_STRENGTH = 3.0
+DEPTH_SHRINK = 4.0  # pseudo-tries pulling a depth's rate towards the rate pooled over depths
+
+
+@dataclass
+class RankAcceptance:
+    """Tries and accepts by depth (row d - 1) and rank (column i) for one drafter and draw mode."""
+
+    tries: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    accepts: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+
+    def _grow(self, depth: int, rank: int) -> None:
+        rows, cols = max(self.tries.shape[0], depth), max(self.tries.shape[1], rank + 1)
+        if (rows, cols) != self.tries.shape:
+            grown = [np.zeros((rows, cols)) for _ in range(2)]
+            for new, old in zip(grown, (self.tries, self.accepts), strict=True):
+                new[: old.shape[0], : old.shape[1]] = old
+            self.tries, self.accepts = grown
+
+    def record(self, depth: int, rank: int, accepted: bool) -> None:
+        self._grow(depth, rank)
+        self.tries[depth - 1, rank] += 1
+        self.accepts[depth - 1, rank] += accepted
+
+    def merge(self, other: RankAcceptance) -> None:
+        if other.tries.size:
+            self._grow(*other.tries.shape[:1], other.tries.shape[1] - 1)
+            self.tries[: other.tries.shape[0], : other.tries.shape[1]] += other.tries
+            self.accepts[: other.accepts.shape[0], : other.accepts.shape[1]] += other.accepts
+
+    def pooled(self, prior: list[float] | None = None, ranks: int = MAX_CHILDREN,
+               weight: float | None = None) -> np.ndarray:
+        """rate[i] over all depths, each rank pulled towards `prior[i]` (default: 1 / (3 (i + 1))) with the
+        weight of `weight` tries (default PRIOR_STRENGTH)."""
+        weight = PRIOR_STRENGTH if weight is None else weight
+        means = np.array([(prior[i] if prior and i < len(prior) else 1.0 / (3 * (i + 1))) for i in range(ranks)])
+        tries, accepts = np.zeros(ranks), np.zeros(ranks)
+        cols = min(ranks, self.tries.shape[1])
+        tries[:cols], accepts[:cols] = self.tries.sum(0)[:cols], self.accepts.sum(0)[:cols]
+        return (accepts + weight * means) / (tries + weight)
+
+    def rates(self, depth: int, prior: list[float] | None = None, ranks: int = MAX_CHILDREN,
+              weight: float | None = None) -> np.ndarray:
+        """rate[d][i] for depths 1..depth: each depth's counts pulled towards the pooled rate."""
+        pooled = self.pooled(prior, ranks, weight)
+        out = np.tile(pooled, (depth, 1))
+        rows, cols = min(depth, self.tries.shape[0]), min(ranks, self.tries.shape[1])
+        if rows and cols:
+            t, a = self.tries[:rows, :cols], self.accepts[:rows, :cols]
+            out[:rows, :cols] = (a + DEPTH_SHRINK * pooled[:cols]) / (t + DEPTH_SHRINK)
+        return out
+
+    def as_dict(self) -> dict:
+        """For stats: counts and the measured rates (None where nothing was tried)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rates = np.where(self.tries > 0, self.accepts / np.maximum(self.tries, 1), np.nan)
+        return {"tries": self.tries.astype(int).tolist(), "accepts": self.accepts.astype(int).tolist(),
+                "rates": [[None if np.isnan(x) else round(float(x), 4) for x in row] for row in rates]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankAcceptance:
+        tries, accepts = np.array(data["tries"], dtype=float), np.array(data["accepts"], dtype=float)
+        if tries.ndim != 2 or tries.shape != accepts.shape:
+            tries, accepts = np.zeros((0, 0)), np.zeros((0, 0))
+        return cls(tries, accepts)
+
+
+def record_verdict(ranks: dict[str, RankAcceptance], key: str, tree: TokenTree, accepted: tuple[int, ...],
+                   rejected: bool, live=None, fixed=None) -> None:
+    """Count one tree verification by sibling rank: walking down the accepted path, each parent's children were
+    tried in order (fixed, copied children first, counted under "copy") up to the accepted one, or all of them
+    after a rejection. Padding children (`live` False) are never tried."""
+    node = -1
+    for d in range(len(accepted) + 1):
+        kids = [k for k in tree.children(node) if live is None or bool(live[k])]
+        if not kids:
+            return
+        chosen = accepted[d] if d < len(accepted) else None
+        if chosen is None and not rejected:
+            return
+        copied = [k for k in kids if fixed is not None and bool(fixed[k])]
+        drawn = [k for k in kids if k not in copied]
+        for group, name in ((copied, "copy"), (drawn, key)):
+            for rank, k in enumerate(group):
+                counts = ranks.setdefault(name, RankAcceptance())
+                counts.record(d + 1, rank, k == chosen)
+                if k == chosen:
+                    break
+            if chosen in group:
+                break
+        node = chosen
+
+
+def reach_of(rates: np.ndarray) -> np.ndarray:
+    """reach[d][i] = rate[d][i] prod_{j < i} (1 - rate[d][j]) (glossary)."""
+    rates = np.clip(rates, 0.0, 1.0)
+    survive = np.cumprod(np.concatenate([np.ones((rates.shape[0], 1)), 1 - rates[:, :-1]], 1), 1)
+    return rates * survive
+
+
+def tree_value(tree: TokenTree, reach: np.ndarray) -> float:
+    """Expected tokens per target call of `tree` under `reach` (glossary); deeper rows repeat the last."""
+    value = np.ones(tree.size + 1)  # value[1 + g]: probability node g is accepted; [0] the root
+    for g in range(tree.size):
+        parent = int(tree.parents[g])
+        rank = tree.children(parent).index(g)
+        row = reach[min(int(tree.depth[g]), reach.shape[0]) - 1]
+        value[1 + g] = value[1 + parent] * (row[rank] if rank < row.shape[0] else 0.0)
+    return float(value.sum())
+
+
+class TreeTable:
+    """The optimal trees of 0..max_nodes nodes for every depth limit 1..max_depth, under `reach` [D, K] (row
+    d - 1 for children at depth d; deeper levels use the last row).
+
+    The programme, per depth limit D, from the deepest level up: best[L][m] is the highest value of a subtree
+    of m nodes whose top node sits at level L (its own weight 1); the top node's children take ranks 0, 1, ...
+    in order (a child of rank i exists only with the ranks before it), and the m - 1 nodes below are split
+    among them by a max-plus convolution, rank by rank:
+        fill[i][m] = max_{1 <= a <= m} reach[L][i] * best[L + 1][a] + fill[i + 1][m - a],  fill[i][0] = 0,
+        best[L][m] = 1 + fill[0][m - 1].
+    The root is level 0, so a tree of n drafted nodes has value best[0][n + 1].
+    """
+
+    def __init__(self, reach: np.ndarray, max_nodes: int, max_depth: int):
+        self.max_nodes, self.max_depth = max_nodes, max_depth
+        size = max_nodes + 2
+        self.values = np.full((max_depth + 1, max_nodes + 1), -np.inf)  # values[D][n]
+        self.values[:, 0] = 1.0
+        self._choices: dict[int, list[list[np.ndarray]]] = {}
+        m = np.arange(size)
+        shift = m[:, None] - m[None, :]  # [m, a]: nodes left for later ranks
+        valid = shift >= 0
+        shift = np.clip(shift, 0, None)
+        ranks = reach.shape[1]
+        for depth in range(1, max_depth + 1):
+            best = np.full(size, -np.inf)
+            best[1] = 1.0  # the deepest level: leaves
+            choices: list[list[np.ndarray]] = [[] for _ in range(depth)]
+            for level in range(depth - 1, -1, -1):
+                row = reach[min(level, reach.shape[0] - 1)]
+                fill = np.full(size, -np.inf)
+                fill[0] = 0.0
+                picks = []
+                for i in range(ranks - 1, -1, -1):
+                    gain = row[i] * best  # gain[a]: a child of rank i with a subtree of a nodes
+                    gain[0] = -np.inf
+                    total = np.where(valid, gain[None, :] + fill[shift], -np.inf)  # [m, a]
+                    pick = total.argmax(1)
+                    new = total[m, pick]
+                    new[0] = 0.0
+                    fill = new
+                    picks.append(pick)
+                choices[level] = picks[::-1]
+                best = np.full(size, -np.inf)
+                best[1:] = 1.0 + fill[:-1]
+            self._choices[depth] = choices
+            self.values[depth, :] = best[1:]  # n drafted nodes: the root plus n
+
+    def value(self, n: int, depth: int) -> float:
+        return float(self.values[depth, n])
+
+    def sizes(self, n: int, depth: int) -> list[list[int]]:
+        """The subtree sizes of the optimal tree's nodes, level by level, without building it: [[n + 1], the
+        root's children's subtree sizes, ...]; each level's widths follow."""
+        choices = self._choices[depth]
+        levels, frontier = [[n + 1]], [n + 1]
+        for level in range(depth):
+            nxt = []
+            for size in frontier:
+                left, i = size - 1, 0
+                while left > 0:
+                    a = int(choices[level][i][left])
+                    nxt.append(a)
+                    left -= a
+                    i += 1
+            if not nxt:
+                break
+            levels.append(nxt)
+            frontier = nxt
+        return levels
+
+    def tree(self, n: int, depth: int) -> TokenTree:
+        if n == 0:
+            return TokenTree.chain(0)
+        choices, parents = self._choices[depth], []
+
+        def build(level: int, node: int, size: int) -> None:
+            left, i, kids = size - 1, 0, []
+            while left > 0:
+                a = int(choices[level][i][left])
+                parents.append(node)
+                kids.append((len(parents) - 1, a))
+                left -= a
+                i += 1
+            for child, a in kids:
+                build(level + 1, child, a)
+
+        build(0, -1, n + 1)
+        return TokenTree.canonical(parents)
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    nodes: int
+    depth: int  # the depth limit it was found under
+    tokens: float  # expected tokens per target call
+    seconds: float  # predicted seconds per iteration
+    widths: tuple[int, ...]  # nodes per depth
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
+                      overhead: float, pending: int = 1, catch_up: int = 1) -> float:
+    """Predicted seconds of one tree iteration: the target over `pending` + every node, the draft over
+    `catch_up` committed tokens and then each level but the deepest, and `overhead` (sampling, verifying,
+    committing: measured)."""
+    n = sum(widths)
+    seconds = target_cost(pending + n, context) + overhead
+    if n and draft_cost is not None:
+        seconds += draft_cost(catch_up, context) + sum(draft_cost(w, context) for w in widths[:-1])
+    return seconds
+
+
+def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
+                 overhead: float = 0.0, max_depth: int | None = None, pending: int = 1) -> TreeChoice:
+    """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second."""
+    best = TreeChoice(0, 0, 1.0, target_cost(pending, context) + overhead, ())
+    top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
+    for depth in range(1, top + 1):
+        for n in range(1, table.max_nodes + 1):
+            tokens = table.value(n, depth)
+            if not np.isfinite(tokens):
+                continue
+            widths = tuple(len(level) for level in table.sizes(n, depth)[1:])
+            if depth > 1 and len(widths) < depth:  # the same tree as under a smaller limit
+                continue
+            seconds = iteration_seconds(widths, target_cost, draft_cost, context, overhead, pending)
+            if tokens / seconds > best.tokens_per_second:
+                best = TreeChoice(n, depth, tokens, seconds, widths)
+    return best
