@@ -272,7 +272,6 @@ def test_forward_cost_is_measured_once_and_never_decreases(tiny_llama_model):
     for row in cost.seconds:
         assert all(b >= a for a, b in zip(row, row[1:], strict=False))
         assert cost(cost.tokens[-1] + 3) >= row[-1]
-    assert cost.tokens[-1] >= 65  # a 64-node tree and its root
 
 
 def test_forward_cost_interpolates_between_measured_token_counts():
