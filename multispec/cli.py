@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "given: speculative sampling that copies from the prompt where it can, drafts with the "
                    "draft model elsewhere, and picks each draft length, zero included, from the target's "
                    "measured cost and the acceptance so far")
+    g.add_argument("--plan", default=None, metavar="FILE",
+                   help="use the method and parameters of a plan file written by `multispec tune`")
     g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="at most this many new tokens")
@@ -106,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--method", action="append", default=None, metavar="SPEC",
                    help="repeatable, parameters after a colon: --method sd:gamma=4; hf and hf-assisted are "
                         "transformers' generate (default: every method at its defaults, hf, hf-assisted)")
+    b.add_argument("--plan", action="append", default=[], metavar="FILE",
+                   help="add the plan of a file written by `multispec tune` as a method (repeatable)")
     b.add_argument("--baseline", default="ar", help="speed-ups are against this method (added if not listed)")
     b.add_argument("--temperature", action="append", type=float, default=None, help="repeatable (default 0)")
     b.add_argument("--top-k", type=int, default=0)
@@ -127,6 +131,31 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-warmup", action="store_true")
     b.add_argument("--preset", default=None, help="smoke: 5 prompts, ar / sd:gamma=4 / hf / hf-assisted, "
                    "32 tokens, greedy (a couple of minutes on a CPU)")
+    tu = sub.add_parser("tune", help="which method and tree for this pair, machine and your prompts: measure "
+                        "acceptance and forward costs, predict every candidate plan, measure the best, write a "
+                        "plan file", formatter_class=DEFAULTS)
+    tu.add_argument("--prompts", action="append", default=None, metavar="FILE",
+                    help="a shipped set (mt-bench, spec-bench-dev, wmt-ende, ...) or a JSONL/JSON file; repeatable "
+                         "(default: mt-bench)")
+    tu.add_argument("--categories", action="append", default=None, metavar="A,B", help="only these categories")
+    tu.add_argument("--skip", type=int, default=0, help="leave out the first N selected prompts (e.g. to tune on "
+                    "one half and measure on the other)")
+    tu.add_argument("--limit", type=int, default=10, help="tune on at most N prompts (at least 2)")
+    tu.add_argument("--spread", action="store_true", help="take prompts from the categories in turn")
+    tu.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    tu.add_argument("--top-k", type=int, default=0)
+    tu.add_argument("--top-p", type=float, default=1.0)
+    tu.add_argument("--seed", type=int, default=0)
+    tu.add_argument("--max-new-tokens", type=int, default=128)
+    tu.add_argument("--measure", type=int, default=3, help="measure the N best predicted plans (and ar)")
+    tu.add_argument("--target", default=None)
+    tu.add_argument("--draft", default=None)
+    tu.add_argument("--device", default=None)
+    tu.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    tu.add_argument("--compile", action="store_true", help="compile forwards (once per shape and process)")
+    tu.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
+    tu.add_argument("--out", default="plan.json", help="the plan file to write")
+    tu.add_argument("--json", action="store_true", help="print the plan file's contents instead of the table")
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -167,8 +196,11 @@ def cmd_bench(args) -> int:
         prompts = bench.select_prompts([bench.preset_prompts(args.preset)], categories, args.limit, args.spread)
     temperatures = args.temperature or preset.get("temperatures", [0.0])
     max_new = args.max_new_tokens if args.max_new_tokens is not None else preset.get("max_new_tokens", 128)
-    methods = args.method or preset.get("methods") or bench.default_methods(
-        with_draft=args.draft is not None or args.target is None)
+    methods = args.method or preset.get("methods") or ([] if args.plan else bench.default_methods(
+        with_draft=args.draft is not None or args.target is None))
+    from .tune import load_plan
+
+    methods = [*methods, *(load_plan(f).spec for f in args.plan)]
     bench.plan(methods, args.baseline)
     bench.check_settings(temperatures, max_new, args.top_k, args.top_p)
     bench.prepare_out(args.out, args.resume, args.force)
@@ -265,7 +297,19 @@ def _bridge(args, say) -> dict:
 def cmd_generate(args) -> int:
     from .api import ModelPair, describe_model, generate, load_model, load_pair, validate_request
 
-    name, params = parse_method(args.method)
+    spec = args.method
+    if args.plan:
+        from .tune import load_plan
+
+        if args.method != DEFAULT_METHOD:
+            raise ValueError("give --method or --plan, not both")
+        plan = load_plan(args.plan)
+        spec = plan.spec
+        tuned = plan.data.get("settings", {}).get("temperature")
+        if tuned is not None and float(tuned) != args.temperature:
+            print(f"multispec: note: the plan was tuned at temperature {tuned:g}, this run uses "
+                  f"{args.temperature:g}", file=sys.stderr)
+    name, params = parse_method(spec)
     params.update(parse_params(args.param))
     for key in ("gamma", "width"):
         if getattr(args, key) is not None:
@@ -328,6 +372,44 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from . import bench
+    from .tune import table, tune, write_plan
+
+    categories = [c.strip() for item in args.categories or [] for c in item.split(",") if c.strip()] or None
+    if args.skip < 0 or args.limit < 2:
+        raise ValueError(f"--skip must be >= 0 and --limit >= 2, got {args.skip} and {args.limit}")
+    prompts = bench.load_prompts(args.prompts or ["mt-bench"], categories, None, args.spread)
+    prompts = prompts[args.skip : args.skip + args.limit]
+    if len(prompts) < 2:
+        raise ValueError(f"tune needs at least 2 prompts; the selection after --skip {args.skip} has {len(prompts)}")
+    bench.check_settings([args.temperature], args.max_new_tokens, args.top_k, args.top_p)
+    from .api import load_pair
+
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    if pair.draft is None:
+        raise ValueError("tune needs a draft model (--draft)")
+
+    def say(message: str) -> None:
+        print("tune: " + message, file=sys.stderr)
+
+    say(f"{len(prompts)} prompts on {' / '.join(pair.description)}, temperature {args.temperature:g}, "
+        f"{args.max_new_tokens} tokens")
+    result = tune(pair.target, pair.draft, prompts, args.temperature, args.top_k, args.top_p, args.max_new_tokens,
+                  args.seed, not args.no_chat, args.measure, say)
+    path = write_plan(result, args.out, pair.description)
+    if args.json:
+        print(path.read_text())
+        return 0
+    print(table(result))
+    c = result.chosen
+    print(f"\nplan: {c.label}" + (f" ({c.tree.describe()})" if c.tree is not None and c.tree.size else "")
+          + f": measured {c.measured_tokens_per_second:.1f} tokens/s, predicted "
+          f"{c.predicted_tokens_per_second:.1f}")
+    print(f"wrote {path}; use it with: multispec generate --plan {path} \"PROMPT\"  or  multispec bench --plan {path}")
+    return 0
+
+
 def cmd_check(args) -> int:
     from .check import check_method
     from .decoding import get_method
@@ -375,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_distill(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "tune":
+            return cmd_tune(args)
     except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

@@ -174,7 +174,8 @@ class TreeTable:
                 fill[0] = 0.0
                 picks = []
                 for i in range(ranks - 1, -1, -1):
-                    gain = row[i] * best  # gain[a]: a child of rank i with a subtree of a nodes
+                    # gain[a]: a child of rank i with a subtree of a nodes (0 * -inf would be nan)
+                    gain = np.where(np.isfinite(best), row[i] * np.where(np.isfinite(best), best, 0.0), -np.inf)
                     gain[0] = -np.inf
                     total = np.where(valid, gain[None, :] + fill[shift], -np.inf)  # [m, a]
                     pick = total.argmax(1)

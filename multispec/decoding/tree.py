@@ -121,15 +121,15 @@ def as_tree(value) -> TokenTree:
 
 
 def parse_acceptance(text: str | None) -> list[float] | None:
-    """'0.6,0.2,0.1' -> the prior acceptance of the rank-0, 1, 2 children."""
+    """'0.6/0.2/0.1' (or commas, in library calls) -> the prior acceptance of the rank-0, 1, 2 children."""
     if text is None:
         return None
     try:
-        rates = [float(x) for x in str(text).split(",") if x.strip()]
+        rates = [float(x) for x in str(text).replace(",", "/").split("/") if x.strip()]
     except ValueError:
         rates = []
     if not rates or any(not 0 <= r <= 1 for r in rates):
-        raise ValueError(f"acceptance must be comma-separated rates in [0, 1] (rank 0 first), got {text!r}")
+        raise ValueError(f"acceptance must be rates in [0, 1] separated by '/' (rank 0 first), got {text!r}")
     return rates
 
 
@@ -149,7 +149,7 @@ TREE = Param(object, None, _check_tree, "'auto', or a JSON file of parent indice
              "any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
              "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
              "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia)")
-ACCEPTANCE = Param(str, None, _check_acceptance, "comma-separated rates in [0, 1]",
+ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1",
                    "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
                    "(multispec tune writes it into plan files)")
 

@@ -1,0 +1,181 @@
+"""Optimal trees, `tree=auto` and `multispec tune` on held-out halves.
+
+For each category and temperature: `tune` on the first N prompts of the category, then measure on the next N
+(held out): ar, sd with fixed gamma, mcsd with the MCSD paper's k-configs, the optimal trees of the same node
+counts (the highest expected accepted tokens under the acceptance tune measured), tree=auto with tune's prior,
+and the tuned plan. One row per (category, temperature, method, prompt) is appended to rows.jsonl as it
+finishes (a rerun skips finished rows); `--summarise` writes summary.md from the rows.
+
+    python benchmarks/optimal_trees.py --out benchmarks/results/<run> [--per-half 5] [--max-new-tokens 128]
+    python benchmarks/optimal_trees.py --out benchmarks/results/<run> --summarise
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CATEGORIES = [("mt-bench", None), ("spec-bench-dev", "translation"), ("spec-bench-dev", "summarization"),
+              ("spec-bench-dev", "qa"), ("spec-bench-dev", "math_reasoning"), ("spec-bench-dev", "rag")]
+SD_GAMMAS = (1, 2, 4)
+K_CONFIGS = ("8x1", "4x2x2")  # 16 and 28 nodes
+
+
+def combos(temperatures):
+    for prompts, category in CATEGORIES:
+        for t in temperatures:
+            yield prompts, category, t
+
+
+def run(args) -> None:
+    from multispec.api import generate, load_pair
+    from multispec.bench import load_prompts
+    from multispec.drafting.shape import AUTO_MAX_DEPTH
+    from multispec.tree_search import RankAcceptance, TreeTable, reach_of, tree_value
+    from multispec.trees import TokenTree
+    from multispec.tune import load_plan, tune, write_plan
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path = out / "rows.jsonl"
+    done = set()
+    if rows_path.exists():
+        for line in rows_path.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["combo"], r["method"], r["prompt"]))
+    pair = load_pair()
+    for prompt_set, category, t in combos(args.temperatures):
+        combo = f"{category or prompt_set}-T{t:g}"
+        if args.only and not any(combo.startswith(o) for o in args.only):
+            continue
+        prompts = load_prompts([prompt_set], [category] if category else None, None, spread=category is None)
+        tune_half, held_out = prompts[: args.per_half], prompts[args.per_half : 2 * args.per_half]
+        plan_path = out / combo / "plan.json"
+        if not plan_path.exists():
+            print(f"[{combo}] tune on {len(tune_half)} prompts", file=sys.stderr)
+            result = tune(pair.target, pair.draft, tune_half, temperature=t, max_new_tokens=args.max_new_tokens,
+                          measure=3, say=lambda m, c=combo: print(f"[{c}] {m}", file=sys.stderr))
+            write_plan(result, plan_path, pair.description)
+        plan = load_plan(plan_path)
+        evidence = plan.data["evidence"]
+        reach = reach_of(RankAcceptance.from_dict(evidence["rank_acceptance"]).rates(AUTO_MAX_DEPTH))
+        table = TreeTable(reach, 64, AUTO_MAX_DEPTH)
+        prior = "/".join(f"{r:.3f}" for r in RankAcceptance.from_dict(evidence["rank_acceptance"]).pooled())
+        methods = {"ar": ("ar", {})}
+        for g in SD_GAMMAS:
+            methods[f"sd:gamma={g}"] = ("sd", {"gamma": g, "drafter": "model"})
+        for k in K_CONFIGS:
+            tree = TokenTree.from_branching([int(x) for x in k.split("x")])
+            methods[f"mcsd:k_config={k}"] = ("mcsd", {"k_config": k, "replacement": False})
+            n = tree.size
+            depth = max(range(1, AUTO_MAX_DEPTH + 1), key=lambda d: table.value(n, d))
+            best = table.tree(n, depth)
+            (out / combo).mkdir(exist_ok=True)
+            (out / combo / f"optimal-{n}.json").write_text(json.dumps({"parents": best.parents.tolist()}))
+            methods[f"mcsd:optimal-{n}"] = ("mcsd", {"tree": best, "replacement": False,
+                                                     "_predicted": tree_value(best, reach),
+                                                     "_kconfig_predicted": tree_value(tree, reach)})
+        methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "replacement": False})
+        methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
+        for label, (method, params) in methods.items():
+            extra = {k: v for k, v in params.items() if k.startswith("_")}
+            params = {k: v for k, v in params.items() if not k.startswith("_")}
+            for i, p in enumerate(held_out):
+                if (combo, label, p.id) in done:
+                    continue
+                st = generate(pair.target, pair.draft, p.text, method=method, max_new_tokens=args.max_new_tokens,
+                              temperature=t, seed=i, score=False, **params).stats
+                row = {"combo": combo, "method": label, "prompt": p.id, "new_tokens": st["new_tokens"],
+                       "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
+                       "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
+                       "other_seconds": st["other_seconds"], **extra}
+                with rows_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"[{combo}] {label} {p.id}: {st['tokens_per_second']:.1f} tokens/s, "
+                      f"block efficiency {st['block_efficiency']:.2f}", file=sys.stderr)
+
+
+def summarise(args) -> None:
+    out = Path(args.out)
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    by: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        by.setdefault((r["combo"], r["method"]), []).append(r)
+    combos_seen = list(dict.fromkeys(r["combo"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+
+    def tps(rs):
+        return sum(r["new_tokens"] for r in rs) / sum(r["seconds"] for r in rs)
+
+    def be(rs):
+        return sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
+
+    lines = ["## Tokens/s on the held-out half (sum of tokens / sum of seconds)", "",
+             "| combo | " + " | ".join(methods) + " | auto / best fixed | plan / best fixed | plan / ar |",
+             "|---" * (len(methods) + 4) + "|"]
+    be_lines = ["## Block efficiency on the held-out half (tokens per target call), optimal vs k-config of the "
+                "same node count", "", "| combo | nodes | k-config | measured k-config | optimal tree | measured "
+                "optimal | predicted k-config | predicted optimal |", "|---|---|---|---|---|---|---|---|"]
+    pred_lines = ["## The tuned plan: predicted (on the tune half) against measured (held-out half)", "",
+                  "| combo | plan | predicted tokens/s | measured on tune half | measured held out | held out / "
+                  "predicted |", "|---|---|---|---|---|---|"]
+    for combo in combos_seen:
+        cells, vals = [], {}
+        for m in methods:
+            rs = by.get((combo, m))
+            vals[m] = tps(rs) if rs else None
+            cells.append(f"{vals[m]:.1f}" if rs else "-")
+        fixed = [v for m, v in vals.items() if v is not None and (m.startswith("sd:") or m.startswith("mcsd:k_config"))]
+        best_fixed = max(fixed) if fixed else None
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if a and b else "-"
+
+        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {ratio(vals.get('mcsd:tree=auto'), best_fixed)} | "
+                     f"{ratio(vals.get('plan'), best_fixed)} | {ratio(vals.get('plan'), vals.get('ar'))} |")
+        for m in methods:
+            if not m.startswith("mcsd:optimal-"):
+                continue
+            n = int(m.split("-")[-1])
+            k = next((k for k in K_CONFIGS if _nodes(k) == n), None)
+            opt, kc = by.get((combo, m)), by.get((combo, f"mcsd:k_config={k}"))
+            if opt and kc:
+                be_lines.append(f"| {combo} | {n} | {k} | {be(kc):.3f} | {m} | {be(opt):.3f} | "
+                                f"{opt[0]['_kconfig_predicted']:.3f} | {opt[0]['_predicted']:.3f} |")
+        plan_file = out / combo / "plan.json"
+        if plan_file.exists() and by.get((combo, "plan")):
+            plan = json.loads(plan_file.read_text())
+            measured = tps(by[(combo, "plan")])
+            label = plan["method"] + ":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
+            pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
+                              f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
+                              f"{measured / plan['predicted_tokens_per_second']:.2f} |")
+    text = "\n".join(lines + [""] + be_lines + [""] + pred_lines) + "\n"
+    (out / "summary.md").write_text(text)
+    print(text)
+
+
+def _nodes(k: str) -> int:
+    width, total = 1, 0
+    for x in k.split("x"):
+        width *= int(x)
+        total += width
+    return total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--per-half", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--only", nargs="+", default=None, help="only the combos whose names start so (e.g. qa-T0)")
+    p.add_argument("--summarise", action="store_true")
+    args = p.parse_args()
+    summarise(args) if args.summarise else run(args)
+
+
+if __name__ == "__main__":
+    main()

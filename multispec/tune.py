@@ -1,0 +1,271 @@
+"""`multispec tune`: which method, which tree, on this machine, for these prompts, with the evidence.
+
+1. cost:     the forward cost curves of target and draft (`multispec.models.cost`, cached per machine).
+2. probe:    `mcsd` on the prompts, alternating a wide probe tree and a 4-draft chain, measures acceptance by
+             depth and sibling rank (`multispec.tree_search`) and the per-iteration work besides forwards,
+             fitted as a + b * nodes from the two shapes.
+3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
+             sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
+             predicted tokens/s.
+4. measure:  the best few predictions (and `ar`) run on the same prompts; the fastest measured is the plan.
+5. write:    a plan file (JSON; a chosen tree goes beside it) that `generate --plan` and `bench --plan` read.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .api import generate
+from .bench.prompts import Prompt
+from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES
+from .models.base import LanguageModel
+from .models.cost import forward_cost
+from .params import parse_method
+from .tree_search import RankAcceptance, TreeTable, fastest_tree, iteration_seconds, reach_of, tree_value
+from .trees import TokenTree
+
+PLAN_FORMAT = "multispec-plan/1"
+# k-configs the MCSD paper reports as best in some setting (its Tables 2, 3, 6, 7), and small ones
+PAPER_K_CONFIGS = ("2x1x1", "2x2x1", "4x1x1", "4x2x1", "8x1", "4x4", "8x2", "4x2x2", "2x2x2x1x1", "16x1x1",
+                   "4x2x2x1", "16x2", "8x2x1x1", "8x2x2", "4x2x2x1x1")
+OPTIMAL_SIZES = (4, 8, 16, 32, 64)
+PROBE_RATES = (0.7, 0.4, 0.3, 0.25, 0.2, 0.2, 0.2, 0.2)  # only shapes the probe tree: wide near the top
+PROBE_NODES, PROBE_DEPTH, PROBE_CHAIN = 48, 8, 4
+
+
+def probe_tree() -> TokenTree:
+    rates = np.tile(np.array(PROBE_RATES), (PROBE_DEPTH, 1))
+    return TreeTable(reach_of(rates), PROBE_NODES, PROBE_DEPTH).tree(PROBE_NODES, PROBE_DEPTH)
+
+
+@dataclass
+class Candidate:
+    label: str  # a method spec, or a description where the plan holds a tree
+    method: str
+    params: dict
+    tree: TokenTree | None  # the drafted shape (None: ar)
+    tokens: float  # predicted tokens per target call
+    seconds: float  # predicted seconds per iteration
+    prefill: float = 0.0  # predicted seconds of the prompt's forward, per new token
+    measured_tokens_per_second: float | None = None
+    measured_block_efficiency: float | None = None
+
+    @property
+    def predicted_tokens_per_second(self) -> float:
+        return 1.0 / (self.seconds / self.tokens + self.prefill)
+
+    def row(self) -> dict:
+        return {"plan": self.label, "tree": self.tree.describe() if self.tree is not None and self.tree.size else "-",
+                "predicted_tokens_per_call": round(self.tokens, 3),
+                "predicted_tokens_per_second": round(self.predicted_tokens_per_second, 2),
+                "measured_tokens_per_second": _round(self.measured_tokens_per_second),
+                "measured_block_efficiency": _round(self.measured_block_efficiency)}
+
+
+def _round(x):
+    return None if x is None else round(x, 3)
+
+
+@dataclass
+class TuneResult:
+    candidates: list[Candidate]
+    chosen: Candidate
+    ranks: RankAcceptance
+    overhead: tuple[float, float]  # seconds per iteration: a + b * nodes
+    ar_overhead: float
+    context: int
+    settings: dict
+    probe: dict = field(default_factory=dict)
+
+
+def _run(target, draft, prompts: list[Prompt], method: str, params: dict, settings: dict) -> list[dict]:
+    return [generate(target, draft, p.text, method=method, max_new_tokens=settings["max_new_tokens"],
+                     temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
+                     seed=settings["seed"] + i, chat=settings["chat"], score=False, **params).stats
+            for i, p in enumerate(prompts)]
+
+
+def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], temperature: float = 0.0,
+         top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 128, seed: int = 0, chat: bool = True,
+         measure: int = 3, say: Callable[[str], None] = lambda _: None) -> TuneResult:
+    """Steps 1-4 of the module note on `prompts` (at least 2)."""
+    if draft is None:
+        raise ValueError("tune compares drafting plans: it needs a draft model")
+    if len(prompts) < 2:
+        raise ValueError(f"tune needs at least 2 prompts (half probe the tree, half a chain), got {len(prompts)}")
+    if measure < 1:
+        raise ValueError(f"--measure must be >= 1, got {measure}")
+    settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                "seed": seed, "chat": chat}
+    replacement = False
+    say("measuring forward costs (once per machine) ...")
+    target_cost, draft_cost = forward_cost(target), forward_cost(draft)
+
+    say(f"probing acceptance by sibling rank on {len(prompts)} prompts ...")
+    wide = probe_tree()
+    ranks, samples, lengths = RankAcceptance(), [], []
+    for i, prompt in enumerate(prompts):
+        shape = wide if i % 2 == 0 else TokenTree.chain(PROBE_CHAIN)
+        st = _run(target, draft, [prompt], "mcsd", {"tree": shape, "replacement": replacement}, settings)[0]
+        for counts in st.get("rank_acceptance", {}).values():
+            if counts["tries"]:
+                ranks.merge(RankAcceptance.from_dict(counts))
+        if st["iterations"]:
+            samples.append((st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"]))
+        lengths.append(st["new_tokens"])
+    overhead = _fit_overhead(samples)
+    plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
+    ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
+    prompt_tokens = [len(target.encode(p.text, chat=chat)) if isinstance(p.text, str) else len(p.text)
+                     for p in prompts]
+    context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
+    # the prompt's forward (prefill) is paid once per generation: spread over its new tokens
+    prefill = target_cost(int(np.mean(prompt_tokens)), 0) / max(1.0, float(np.mean(lengths)))
+
+    rates = ranks.rates(AUTO_MAX_DEPTH)
+    reach = reach_of(rates)
+    table = TreeTable(reach, AUTO_MAX_NODES, AUTO_MAX_DEPTH)
+
+    def seconds(tree: TokenTree) -> float:
+        return iteration_seconds(tuple(tree.widths()), target_cost, draft_cost, context,
+                                 overhead[0] + overhead[1] * tree.size)
+
+    candidates = [Candidate("ar", "ar", {}, None, 1.0, target_cost(1, context) + ar_overhead, prefill)]
+    for g in range(1, 9):
+        chain = TokenTree.chain(g)
+        candidates.append(Candidate(f"sd:gamma={g},drafter=model", "sd", {"gamma": g, "drafter": "model"}, chain,
+                                    tree_value(chain, reach), seconds(chain), prefill))
+    for k in PAPER_K_CONFIGS:
+        tree = TokenTree.from_branching([int(x) for x in k.split("x")])
+        candidates.append(Candidate(f"mcsd:k_config={k},replacement=false", "mcsd",
+                                    {"k_config": k, "replacement": replacement}, tree, tree_value(tree, reach),
+                                    seconds(tree), prefill))
+    for n in OPTIMAL_SIZES:
+        best = max((table.tree(n, d) for d in range(1, AUTO_MAX_DEPTH + 1) if np.isfinite(table.value(n, d))),
+                   key=lambda t: tree_value(t, reach) / seconds(t))
+        candidates.append(Candidate(f"mcsd, optimal tree of {n} nodes", "mcsd",
+                                    {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
+                                    seconds(best), prefill))
+    choice = fastest_tree(table, target_cost, draft_cost, context, overhead[0] + overhead[1] * 16)
+    fastest = table.tree(choice.nodes, choice.depth)
+    if fastest.size:
+        candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
+                                    {"tree": fastest, "replacement": replacement}, fastest,
+                                    tree_value(fastest, reach), seconds(fastest), prefill))
+    prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
+    auto_tree = fastest if fastest.size else TokenTree.chain(1)
+    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},replacement=false", "mcsd",
+                                {"tree": "auto", "acceptance": prior, "replacement": replacement}, auto_tree,
+                                tree_value(auto_tree, reach), seconds(auto_tree) + _search_seconds(table), prefill))
+
+    ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
+    to_measure = ranked[:measure] + ([] if candidates[0] in ranked[:measure] else [candidates[0]])
+    for c in to_measure:
+        say(f"measuring {c.label} (predicted {c.predicted_tokens_per_second:.1f} tokens/s) ...")
+        stats = _run(target, draft, prompts, c.method, c.params, settings)
+        new = sum(s["new_tokens"] for s in stats)
+        c.measured_tokens_per_second = new / sum(s["seconds"] for s in stats)
+        c.measured_block_efficiency = new / max(1, sum(s["target_calls"] for s in stats))
+    chosen = max(to_measure, key=lambda c: c.measured_tokens_per_second)
+    probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts)}
+    return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
+
+
+def _fit_overhead(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """Per-iteration seconds besides forwards as a + b * nodes, least squares over the probe runs (b >= 0)."""
+    if not samples:
+        return 0.0, 0.0
+    x, y = np.array(samples).T
+    if np.ptp(x) < 1e-9:
+        return float(y.mean()), 0.0
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:
+        return float(y.mean()), 0.0
+    return max(0.0, float(a)), float(b)
+
+
+def _search_seconds(table: TreeTable) -> float:
+    """tree=auto's search, timed once here, spread over the calls between searches (every 16)."""
+    t0 = time.perf_counter()
+    TreeTable(reach_of(np.full((table.max_depth, 8), 0.3)), table.max_nodes, table.max_depth)
+    return (time.perf_counter() - t0) * 2 / 16  # the table, then the choice among its trees (about as long)
+
+
+def write_plan(result: TuneResult, path: str | Path, models: dict) -> Path:
+    """The plan file, and the chosen tree beside it (`<name>.tree.json`) when the plan has one."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a folder; give a file name such as plan.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = result.chosen
+    params = {k: v for k, v in c.params.items() if not isinstance(v, TokenTree)}
+    if isinstance(c.params.get("tree"), TokenTree):
+        tree_path = path.with_name(path.stem + ".tree.json")
+        tree_path.write_text(json.dumps({"parents": c.params["tree"].parents.tolist()}) + "\n")
+        params["tree"] = tree_path.name  # relative to the plan file
+    plan = {
+        "format": PLAN_FORMAT,
+        "method": c.method,
+        "params": params,
+        "predicted_tokens_per_second": round(c.predicted_tokens_per_second, 3),
+        "measured_tokens_per_second": _round(c.measured_tokens_per_second),
+        "settings": result.settings,
+        "models": models,
+        "machine": {"host": platform.node(), "processor": platform.processor() or platform.machine(),
+                    "date": datetime.date.today().isoformat()},
+        "evidence": {
+            "context_tokens": result.context,
+            "overhead_seconds": {"per_iteration": result.overhead[0], "per_node": result.overhead[1],
+                                 "ar_per_step": result.ar_overhead},
+            "rank_acceptance": result.ranks.as_dict(),
+            "candidates": [c.row() for c in result.candidates],
+            "probe": result.probe,
+        },
+    }
+    path.write_text(json.dumps(plan, indent=1) + "\n")
+    return path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan file read back: its method spec (trees as absolute paths) and the whole file."""
+    spec: str
+    data: dict
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read the plan file {str(path)!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"the plan file {str(path)!r} is not JSON: {e}") from None
+    if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT or "method" not in data:
+        raise ValueError(f"{str(path)!r} is not a plan file written by multispec tune (format {PLAN_FORMAT})")
+    params = dict(data.get("params") or {})
+    if isinstance(params.get("tree"), str) and params["tree"] != "auto":
+        params["tree"] = str((path.parent / params["tree"]).resolve())
+    spec = data["method"] + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    parse_method(spec)  # a plan whose parameters do not round-trip is refused here
+    return Plan(spec, data)
+
+
+def table(result: TuneResult) -> str:
+    """The candidates as a text table, best prediction first."""
+    lines = [f"{'plan':58s} {'tree':34s} {'tok/call':>8s} {'pred tok/s':>10s} {'meas tok/s':>10s}"]
+    for c in result.candidates:
+        r = c.row()
+        meas = f"{r['measured_tokens_per_second']:10.1f}" if r["measured_tokens_per_second"] is not None else \
+            f"{'-':>10s}"
+        label = c.label if len(c.label) <= 58 else c.label[:55] + "..."
+        lines.append(f"{label:58s} {r['tree']:34s} {c.tokens:8.2f} {c.predicted_tokens_per_second:10.1f} {meas}")
+    return "\n".join(lines)

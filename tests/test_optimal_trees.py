@@ -1,0 +1,236 @@
+"""Arbitrary trees (`tree=FILE`), acceptance by sibling rank, the optimal-tree programme, `tree=auto`, and
+`multispec tune` with its plan files."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import multispec.decoding.tree
+from multispec.api import generate
+from multispec.check import check_method
+from multispec.models.cost import ForwardCost
+from multispec.models.markov import random_markov_pair
+from multispec.tree_search import (RankAcceptance, TreeTable, fastest_tree, reach_of, record_verdict,
+                                   tree_value)
+from multispec.trees import TokenTree, load_tree, tree_from_json
+from multispec.verify import recursive_rejection
+
+IRREGULAR = [-1, -1, 0, 0, 2, -1]  # three children of the root; the first has two, its first has one
+
+
+# -- trees ------------------------------------------------------------------------------------------
+
+def test_a_tree_is_read_from_parents_or_nested_lists_and_laid_out_breadth_first(tmp_path):
+    nested = tree_from_json([[[], []], []])
+    assert nested.parents.tolist() == [-1, -1, 0, 0]
+    # node 1 is a child of node 0 in the file but comes before node 2, a child of the root
+    relaid = tree_from_json([-1, 0, -1, 1, 0])
+    assert relaid.parents.tolist() == [-1, -1, 0, 0, 2]
+    assert relaid.widths() == [2, 2, 1] and relaid.branching() == (2, 2, 1)
+    assert relaid.truncate(2).parents.tolist() == [-1, -1, 0, 0]
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps({"parents": IRREGULAR}))
+    assert load_tree(path).parents.tolist() == [-1, -1, -1, 0, 0, 3]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[0]", "parents must come before their children"),
+    ("[-1, 2, 0]", "parents must come before their children"),
+    ("[]", "non-empty list"),
+    ("[-1, true]", "integers only"),
+    ("[[], 3]", "integers only"),
+    ('{"kids": [-1]}', "'parents' list"),
+    ("-1, 0", "not JSON"),
+])
+def test_a_bad_tree_file_is_refused_with_the_reason(tmp_path, content, message):
+    path = tmp_path / "tree.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_tree(path)
+    with pytest.raises(ValueError, match=message):  # through the method's parameter check
+        generate(*random_markov_pair(4, 6, 0), [1], method="mcsd", tree=str(path), max_new_tokens=2)
+
+
+def test_a_missing_tree_file_is_named():
+    with pytest.raises(ValueError, match="cannot read the tree file 'no/such.json'"):
+        generate(*random_markov_pair(4, 6, 0), [1], method="mcsd", tree="no/such.json", max_new_tokens=2)
+
+
+# -- acceptance by sibling rank -----------------------------------------------------------------
+
+def _counts(ranks, key="model"):
+    return ranks[key].tries.tolist(), ranks[key].accepts.tolist()
+
+
+def test_rank_acceptance_counts_the_children_tried_in_draw_order():
+    tree = TokenTree.from_branching([2, 2])  # 0, 1 at depth 1; 2, 3 under 0; 4, 5 under 1
+    ranks = {}
+    record_verdict(ranks, "model", tree, (1, 4), rejected=False)  # rank 0 rejected, rank 1 accepted; then rank 0
+    assert _counts(ranks) == ([[1, 1], [1, 0]], [[0, 1], [1, 0]])
+    ranks = {}
+    record_verdict(ranks, "model", tree, (0,), rejected=True)  # both children of node 0 tried and rejected
+    assert _counts(ranks) == ([[1, 0], [1, 1]], [[1, 0], [0, 0]])
+    ranks = {}
+    record_verdict(ranks, "model", tree, (), rejected=True, live=torch.tensor([True, False, True, True, True, True]))
+    assert _counts(ranks) == ([[1]], [[0]])  # padding is never tried
+
+
+def test_copied_children_are_tried_first_and_counted_apart():
+    tree = TokenTree.from_parents([-1, -1, -1])  # nodes 0, 1 drawn by the model, node 2 copied
+    fixed = torch.tensor([False, False, True])
+    ranks = {}
+    record_verdict(ranks, "model", tree, (1,), rejected=False, fixed=fixed)
+    assert _counts(ranks, "copy") == ([[1]], [[0]]) and _counts(ranks) == ([[1, 1]], [[0, 1]])
+    ranks = {}
+    record_verdict(ranks, "model", tree, (2,), rejected=False, fixed=fixed)
+    assert _counts(ranks, "copy") == ([[1]], [[1]]) and "model" not in ranks
+
+
+def test_tree_methods_report_rank_acceptance_in_stats():
+    target, draft = random_markov_pair(6, 30, 3)
+    stats = generate(target, draft, [1], method="mcsd", k_config="3x2", max_new_tokens=20, seed=0).stats
+    counts = stats["rank_acceptance"]["model/without-replacement"]
+    tries, accepts = np.array(counts["tries"]), np.array(counts["accepts"])
+    assert tries.shape[1] == 3 and (accepts <= tries).all() and tries[0, 0] == stats["iterations"]
+    # every iteration tries the first child of the root; later ranks only after rejections
+    assert (tries[:, 1:] <= tries[:, :-1]).all()
+    greedy = generate(target, draft, [1], method="mcsd", k_config="3x2", max_new_tokens=20, temperature=0).stats
+    iid = generate(target, draft, [1], method="mcsd", k_config="3x2", replacement=True, max_new_tokens=20).stats
+    assert set(greedy["rank_acceptance"]) == {"model/top-k"} and set(iid["rank_acceptance"]) == {"model/iid"}
+
+
+# -- the optimal tree -----------------------------------------------------------------------------
+
+def _every_tree(n: int, depth: int, ranks: int):
+    seen = set()
+    for parents in itertools.product(*[range(-1, g) for g in range(n)]):
+        tree = TokenTree.canonical(list(parents))
+        key = tuple(tree.parents.tolist())
+        if key not in seen and tree.max_depth <= depth and all(len(tree.children(g)) <= ranks
+                                                                 for g in range(-1, n)):
+            seen.add(key)
+            yield tree
+
+
+def test_the_programme_finds_the_best_tree_of_every_size_by_exhaustion():
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        reach = reach_of(rng.uniform(0.05, 0.9, size=(3, 3)))
+        table = TreeTable(reach, 5, 3)
+        for depth in (1, 2, 3):
+            for n in range(1, 6):
+                best = max((tree_value(t, reach) for t in _every_tree(n, depth, 3)), default=-np.inf)
+                assert table.value(n, depth) == pytest.approx(best)
+                if np.isfinite(best):
+                    found = table.tree(n, depth)
+                    assert found.size == n and found.max_depth <= depth
+                    assert tree_value(found, reach) == pytest.approx(best)
+
+
+def test_optimal_trees_beat_k_configs_of_the_same_size():
+    reach = reach_of(np.tile([0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.1], (8, 1)))
+    table = TreeTable(reach, 64, 8)
+    for k in ("2x1x1", "4x2x1", "8x2", "4x2x2", "8x2x1x1"):
+        tree = TokenTree.from_branching([int(x) for x in k.split("x")])
+        assert table.value(tree.size, 8) >= tree_value(tree, reach) - 1e-12
+    big = TokenTree.from_branching([4, 2, 2])
+    assert table.value(big.size, 8) > tree_value(big, reach) + 0.1
+
+
+def test_the_fastest_tree_follows_the_cost_curve():
+    reach = reach_of(np.tile([0.8, 0.4, 0.3, 0.2], (10, 1)))
+    table = TreeTable(reach, 32, 10)
+    flat = fastest_tree(table, ForwardCost(tuple([1.0] * 33)), None, 100)
+    steep = fastest_tree(table, ForwardCost(tuple(1.0 + k for k in range(33))), None, 100)
+    assert flat.nodes == 32 and flat.tokens == pytest.approx(table.values[:, 32].max())
+    assert steep.nodes < 8
+    useless = fastest_tree(TreeTable(reach_of(np.zeros((4, 4))), 8, 4), ForwardCost((1.0, 1.2)), None, 100)
+    assert useless.nodes == 0  # drafting cannot pay: a plain step
+
+
+# -- exactness on irregular and chosen trees -----------------------------------------------------
+
+@pytest.fixture
+def irregular_file(tmp_path):
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps(IRREGULAR))
+    return str(path)
+
+
+@pytest.mark.parametrize("params", [{"replacement": False}, {"replacement": True}, {"tree": "auto"}])
+def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
+    params = {"tree": irregular_file, **params}
+    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
+    assert report.passed, report.pairs
+
+
+def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irregular_file, monkeypatch):
+    monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: recursive_rejection)
+    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5,
+                          tree=irregular_file, replacement=False)
+    assert not report.passed
+
+
+def test_tree_auto_reports_its_choices_and_is_reproducible():
+    target, draft = random_markov_pair(6, 40, 2)
+    runs = [generate(target, draft, [1], method="specinfer:tree=auto,acceptance=0.5/0.2", max_new_tokens=30, seed=4)
+            for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids
+    stats = runs[0].stats
+    assert sum(stats["trees_used"].values()) >= 1 and stats["predicted_tokens_per_second"] > 0
+    with pytest.raises(ValueError, match="acceptance is the prior of tree=auto"):
+        generate(target, draft, [1], method="mcsd", acceptance="0.5", max_new_tokens=3)
+    with pytest.raises(ValueError, match="acceptance must be rates in"):
+        generate(target, draft, [1], method="mcsd", tree="auto", acceptance="0.5/2", max_new_tokens=3)
+    with pytest.raises(ValueError, match="tree=auto needs drafter=model"):
+        generate(target, draft, [1], method="mcsd", tree="auto", drafter="hybrid", max_new_tokens=3)
+
+
+# -- tune and plan files ------------------------------------------------------------------------
+
+def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
+    from multispec.bench import Prompt
+    from multispec.tune import load_plan, tune, write_plan
+    from tests.conftest import tiny_llama
+
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
+    prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(4)]
+    result = tune(target, draft, prompts, temperature=1.0, max_new_tokens=12, measure=2)
+    measured = [c for c in result.candidates if c.measured_tokens_per_second is not None]
+    assert len(measured) in (2, 3) and any(c.method == "ar" for c in measured)  # the best two, and ar
+    assert result.chosen.measured_tokens_per_second == max(c.measured_tokens_per_second for c in measured)
+    assert result.ranks.tries[0, 0] > 0 and all(c.predicted_tokens_per_second > 0 for c in result.candidates)
+    labels = {c.label.split(":")[0].split(",")[0] for c in result.candidates}
+    assert {"ar", "sd", "mcsd"} <= labels and any("tree=auto" in c.label for c in result.candidates)
+    path = write_plan(result, tmp_path / "plan.json", {"target": target.name, "draft": draft.name})
+    plan = load_plan(path)
+    assert plan.data["evidence"]["candidates"] and plan.spec.startswith(result.chosen.method)
+    out = generate(target, draft, [1, 2, 3], method=plan.spec, max_new_tokens=6, seed=0)
+    assert len(out.token_ids) == 6
+    # a plan whose tree is not 'auto' names its tree file beside the plan
+    tree_plan = dict(plan.data, method="mcsd", params={"tree": "p.tree.json"})
+    (tmp_path / "p.tree.json").write_text(json.dumps({"parents": IRREGULAR}))
+    (tmp_path / "p.json").write_text(json.dumps(tree_plan))
+    spec = load_plan(tmp_path / "p.json").spec
+    assert spec == f"mcsd:tree={tmp_path / 'p.tree.json'}"
+    assert len(generate(target, draft, [1, 2, 3], method=spec, max_new_tokens=6).token_ids) == 6
+
+
+def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
+    from multispec.tune import load_plan
+
+    path = tmp_path / "x.json"
+    path.write_text('{"method": "sd"}')
+    with pytest.raises(ValueError, match="is not a plan file written by multispec tune"):
+        load_plan(path)
+    proc = subprocess.run([sys.executable, "-m", "multispec.cli", "generate", "hi", "--plan", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "not a plan file" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "multispec.cli", "tune", "--limit", "1"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "--limit >= 2" in proc.stderr
