@@ -148,7 +148,8 @@ def summarise(args) -> None:
         if plan_file.exists() and by.get((combo, "plan")):
             plan = json.loads(plan_file.read_text())
             measured = tps(by[(combo, "plan")])
-            label = plan["method"] + ":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
+            label = plan["method"] + (":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
+                                      if plan["params"] else "")
             pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
                               f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
                               f"{measured / plan['predicted_tokens_per_second']:.2f} |")

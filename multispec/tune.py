@@ -2,8 +2,10 @@
 
 1. cost:     the forward cost curves of target and draft (`multispec.models.cost`, cached per machine).
 2. probe:    `mcsd` on the prompts, alternating a wide probe tree and a 4-draft chain, measures acceptance by
-             depth and sibling rank (`multispec.tree_search`) and the per-iteration work besides forwards,
-             fitted as a + b * nodes from the two shapes.
+             depth and sibling rank (`multispec.tree_search`), the per-iteration work besides forwards
+             (fitted as a + b * nodes from the two shapes), and how much the forwards of trees and of chains
+             cost against the curve (a tree's forward goes through an explicit mask); one `ar` run gives
+             its own per-step figures.
 3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
              sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
              predicted tokens/s.
@@ -27,7 +29,7 @@ from .api import generate
 from .bench.prompts import Prompt
 from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES
 from .models.base import LanguageModel
-from .models.cost import forward_cost
+from .models.cost import ForwardCost, forward_cost
 from .params import parse_method
 from .tree_search import RankAcceptance, TreeTable, fastest_tree, iteration_seconds, reach_of, tree_value
 from .trees import TokenTree
@@ -111,34 +113,37 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
 
     say(f"probing acceptance by sibling rank on {len(prompts)} prompts ...")
     wide = probe_tree()
-    ranks, samples, lengths = RankAcceptance(), [], []
+    prompt_tokens = [len(target.encode(p.text, chat=chat)) if isinstance(p.text, str) else len(p.text)
+                     for p in prompts]
+    ranks, runs = RankAcceptance(), []
     for i, prompt in enumerate(prompts):
         shape = wide if i % 2 == 0 else TokenTree.chain(PROBE_CHAIN)
         st = _run(target, draft, [prompt], "mcsd", {"tree": shape, "replacement": replacement}, settings)[0]
         for counts in st.get("rank_acceptance", {}).values():
             if counts["tries"]:
                 ranks.merge(RankAcceptance.from_dict(counts))
-        if st["iterations"]:
-            samples.append((st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"]))
-        lengths.append(st["new_tokens"])
-    overhead = _fit_overhead(samples)
+        runs.append((shape, st, prompt_tokens[i]))
+    overhead = _fit_overhead([(st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"])
+                              for _, st, _ in runs if st["iterations"]])
     plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
     ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
-    prompt_tokens = [len(target.encode(p.text, chat=chat)) if isinstance(p.text, str) else len(p.text)
-                     for p in prompts]
+    lengths = [st["new_tokens"] for _, st, _ in runs]
     context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
     # the prompt's forward (prefill) is paid once per generation: spread over its new tokens
     prefill = target_cost(int(np.mean(prompt_tokens)), 0) / max(1.0, float(np.mean(lengths)))
+    factors = _forward_factors(runs, target_cost, draft_cost)
+    ar_factor = _forward_factors([(TokenTree.chain(0), plain, prompt_tokens[0])], target_cost, draft_cost)["chain"][0]
 
     rates = ranks.rates(AUTO_MAX_DEPTH)
     reach = reach_of(rates)
     table = TreeTable(reach, AUTO_MAX_NODES, AUTO_MAX_DEPTH)
 
     def seconds(tree: TokenTree) -> float:
-        return iteration_seconds(tuple(tree.widths()), target_cost, draft_cost, context,
-                                 overhead[0] + overhead[1] * tree.size)
+        on_target, on_draft = factors["chain" if tree.is_chain else "tree"]
+        return iteration_seconds(tuple(tree.widths()), target_cost.scaled(on_target), draft_cost.scaled(on_draft),
+                                 context, overhead[0] + overhead[1] * tree.size)
 
-    candidates = [Candidate("ar", "ar", {}, None, 1.0, target_cost(1, context) + ar_overhead, prefill)]
+    candidates = [Candidate("ar", "ar", {}, None, 1.0, ar_factor * target_cost(1, context) + ar_overhead, prefill)]
     for g in range(1, 9):
         chain = TokenTree.chain(g)
         candidates.append(Candidate(f"sd:gamma={g},drafter=model", "sd", {"gamma": g, "drafter": "model"}, chain,
@@ -154,7 +159,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         candidates.append(Candidate(f"mcsd, optimal tree of {n} nodes", "mcsd",
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
                                     seconds(best), prefill))
-    choice = fastest_tree(table, target_cost, draft_cost, context, overhead[0] + overhead[1] * 16)
+    choice = fastest_tree(table, target_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
+                          context, overhead[0] + overhead[1] * 16)
     fastest = table.tree(choice.nodes, choice.depth)
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
@@ -175,8 +181,31 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         c.measured_tokens_per_second = new / sum(s["seconds"] for s in stats)
         c.measured_block_efficiency = new / max(1, sum(s["target_calls"] for s in stats))
     chosen = max(to_measure, key=lambda c: c.measured_tokens_per_second)
-    probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts)}
+    probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
+             "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "ar": ar_factor}}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
+
+
+def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost) -> dict[str, tuple[float, float]]:
+    """Measured over predicted forward seconds, target and draft, for tree and chain proposals: a forward over
+    a tree goes through an explicit mask and costs more than the causal forward the curve measured. Each
+    run's first call also holds the prompt, whose predicted cost is taken off."""
+    out = {}
+    for kind in ("tree", "chain"):
+        t_meas = t_pred = d_meas = d_pred = 0.0
+        for shape, st, n_prompt in runs:
+            calls = st["target_calls"]
+            if ("chain" if shape.is_chain else "tree") != kind or calls < 2:
+                continue
+            c = n_prompt + st["new_tokens"] // 2
+            t_meas += st["target_seconds"] - target_cost(n_prompt, 0)
+            t_pred += calls * target_cost(1 + shape.size, c)
+            if shape.size and st["draft_calls"]:
+                d_meas += st["draft_seconds"] - draft_cost(n_prompt, 0)
+                d_pred += st["iterations"] * (draft_cost(1, c) + sum(draft_cost(w, c) for w in shape.widths()[:-1]))
+        out[kind] = tuple(float(np.clip(m / p, 0.5, 3.0)) if p > 0 and m > 0 else 1.0
+                          for m, p in ((t_meas, t_pred), (d_meas, d_pred)))
+    return out
 
 
 def _fit_overhead(samples: list[tuple[float, float]]) -> tuple[float, float]:

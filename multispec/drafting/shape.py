@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from ..models.cost import ForwardCost
-from ..tree_search import RankAcceptance, TreeChoice, TreeTable, fastest_tree, reach_of
+from ..tree_search import RankAcceptance, TreeChoice, TreeTable, fastest_tree, iteration_seconds, reach_of
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
 from .base import Drafter, Proposal
@@ -30,14 +30,17 @@ def replans(call: int) -> bool:
 
 
 class AutoTree(Drafter):
-    """Wraps a `DraftTree`: each iteration proposes the current best tree (see module note), cut to the room.
+    """Wraps a `DraftTree`: each iteration proposes the current best tree (see module note), searched again
+    when the room left is shallower than it.
     `ranks()` gives the call's acceptance record for this drafter (the session's), `forward_seconds()` the
-    forward time so far (both models), `pending(context)` the tokens the target has not cached."""
+    forward time so far (target, draft), `pending(context)` the tokens the target has not cached. The measured
+    forward time of each iteration against the curve's (a tree's forward goes through an explicit mask, which
+    the curve did not measure) scales the curves the search uses."""
 
     name = "auto-tree"
 
     def __init__(self, drafter: DraftTree, ranks: Callable[[], RankAcceptance], target_cost: ForwardCost,
-                 draft_cost: ForwardCost | None, forward_seconds: Callable[[], float],
+                 draft_cost: ForwardCost | None, forward_seconds: Callable[[], tuple[float, float]],
                  pending: Callable[[list[int]], int], prior: list[float] | None = None,
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
@@ -49,38 +52,57 @@ class AutoTree(Drafter):
         self.calls = 0
         self.used: dict[str, int] = {}
         self.predicted_tokens = self.predicted_seconds = 0.0
-        self._last: tuple[float, float] | None = None  # (clock, forward seconds) at the last proposal
+        self.factors = [1.0, 1.0]  # measured over predicted forward seconds: target, draft
+        # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft)
+        self._last: tuple[float, float, float, float, float] | None = None
         self._start: tuple[float, int] | None = None
 
-    def search(self, context: int, pending: int) -> None:
+    def search(self, context: int, pending: int, room: int) -> None:
+        """Find the fastest tree of depth at most `room` (the tokens left bound it)."""
         counts = self.ranks()
-        rates = counts.rates(self.max_depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
-        table = TreeTable(reach_of(rates), self.max_nodes, self.max_depth)
-        self.choice = fastest_tree(table, self.target_cost, self.draft_cost, context, self.overhead, pending=pending)
+        depth = max(1, min(self.max_depth, room))
+        rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
+        table = TreeTable(reach_of(rates), self.max_nodes, depth)
+        target_cost = self.target_cost.scaled(self.factors[0])
+        draft_cost = self.draft_cost.scaled(self.factors[1]) if self.draft_cost is not None else None
+        self.choice = fastest_tree(table, target_cost, draft_cost, context, self.overhead, pending=pending)
         if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
-            self.choice = TreeChoice(1, 1, table.value(1, 1), self.choice.seconds, (1,))
+            seconds = iteration_seconds((1,), target_cost, draft_cost, context, self.overhead, pending)
+            self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self.tree = table.tree(self.choice.nodes, self.choice.depth)
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self.calls += 1
-        now, forward = time.perf_counter(), self.forward_seconds()
+        now, (on_target, on_draft) = time.perf_counter(), self.forward_seconds()
         if self._last is not None:  # the work between two proposals that was not a forward
-            self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, (now - self._last[0]) - (forward - self._last[1]))
+            clock, target_before, draft_before, target_predicted, draft_predicted = self._last
+            spent_target, spent_draft = on_target - target_before, on_draft - draft_before
+            self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, (now - clock) - spent_target - spent_draft)
+            if self.calls >= 3:  # the first iteration's forwards hold the prompt
+                for i, (spent, predicted) in enumerate(((spent_target, target_predicted),
+                                                        (spent_draft, draft_predicted))):
+                    if predicted > 0 and spent > 0:
+                        self.factors[i] = 0.8 * self.factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
         if self.calls == 2:
             self._start = (now, len(context))
         pending = self.pending(context)
         searched = 0.0
-        if replans(self.calls):
-            self.search(len(context), pending)
+        room = shape_depth(shape)
+        if replans(self.calls) or self.tree.max_depth > room:
+            self.search(len(context), pending, room)
             searched = time.perf_counter() - now
-        tree = self.tree.truncate(shape_depth(shape))
+        tree = self.tree
         label = tree.describe() if tree.size else "none"
         self.used[label] = self.used.get(label, 0) + 1
         if self.calls >= 2 and self.choice is not None:
             self.predicted_tokens += self.choice.tokens
             self.predicted_seconds += self.choice.seconds
         # the next proposal measures the work since this point, drafting's Python included, search excluded
-        self._last = (now + searched, forward)
+        widths = tuple(tree.widths())
+        draft_predicted = (self.draft_cost(1, len(context)) + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
+                           if widths and self.draft_cost is not None else 0.0)
+        self._last = (now + searched, on_target, on_draft, self.target_cost(pending + tree.size, len(context)),
+                      draft_predicted)
         return self.drafter.propose(context, tree) if tree.size else self.drafter.setup.empty()
 
     def accept(self, verdict: Verdict) -> None:
@@ -96,4 +118,5 @@ class AutoTree(Drafter):
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
             "iteration_overhead_seconds": self.overhead,
+            "forward_factors": {"target": self.factors[0], "draft": self.factors[1]},
         }

@@ -45,6 +45,10 @@ class ForwardCost:
         if any(len(row) != len(self.tokens) for row in self.seconds):
             raise ValueError("one cost per measured token count")
 
+    def scaled(self, factor: float) -> ForwardCost:
+        """The same curve times `factor` (a calibration against measured runs)."""
+        return ForwardCost(tuple(tuple(x * factor for x in row) for row in self.seconds), self.contexts, self.tokens)
+
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
