@@ -15,8 +15,7 @@ from multispec.api import generate
 from multispec.check import check_method
 from multispec.models.cost import ForwardCost
 from multispec.models.markov import random_markov_pair
-from multispec.tree_search import (RankAcceptance, TreeTable, fastest_tree, reach_of, record_verdict,
-                                   tree_value)
+from multispec.tree_search import TreeTable, fastest_tree, reach_of, record_verdict, tree_value
 from multispec.trees import TokenTree, load_tree, tree_from_json
 from multispec.verify import recursive_rejection
 
