@@ -1,9 +1,13 @@
-"""Method specs as text, shared by the command line and the bench: 'sd:gamma=4,drafter=lookup'.
+"""Method specs as text, shared by the command line and the bench: 'sd:gamma=4,drafter=lookup'; and the JSON
+files a user names as parameters (trees, plans).
 
 No torch here: the command line parses its arguments before loading anything heavy.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 # What `generate()` and `multispec generate` run when no method is named: speculative sampling that copies
 # from the text where it repeats, drafts with the draft model elsewhere (where one is given), and picks each
@@ -27,3 +31,13 @@ def parse_method(text: str) -> tuple[str, dict[str, str]]:
     name, _, rest = text.strip().partition(":")
     items = [p.strip() for p in rest.split(",") if p.strip()]
     return name.strip(), parse_params(items, f"method parameters in {text!r}")
+
+
+def read_json(path: str | Path, what: str):
+    """The contents of a JSON file the user named, or a ValueError that names `what` and the problem."""
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} {str(path)!r}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"the {what} {str(path)!r} is not JSON: {e}") from None

@@ -13,11 +13,12 @@ same way, by the parent a node was drawn from.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .params import read_json
 
 # The most nodes a proposal may hold: a target forward over more tokens than this costs many plain steps
 # on any hardware this project targets, and the 4-D mask grows with its square.
@@ -219,15 +220,8 @@ def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
 def load_tree(path: str | Path) -> TokenTree:
     """A tree from a JSON file: a list of parent indices ([-1, -1, 0]: two children of the root, the first
     with one child; parents before children), an object {"parents": [...]}, or nested lists (see
-    `TokenTree.from_nested`). Plan files written by `multispec tune` hold {"parents": [...]} too."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ValueError(f"cannot read the tree file {str(path)!r}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"the tree file {str(path)!r} is not JSON: {e}") from None
-    return tree_from_json(data, str(path))
+    `TokenTree.from_nested`). The tree files `multispec tune` writes beside a plan hold {"parents": [...]}."""
+    return tree_from_json(read_json(path, "tree file"), str(path))
 
 
 def tree_from_json(data, where: str = "the tree") -> TokenTree:

@@ -30,7 +30,7 @@ from .bench.prompts import Prompt
 from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES
 from .models.base import LanguageModel
 from .models.cost import ForwardCost, forward_cost
-from .params import parse_method
+from .params import parse_method, read_json
 from .tree_search import RankAcceptance, TreeTable, fastest_tree, iteration_seconds, reach_of, tree_value
 from .trees import TokenTree
 
@@ -272,12 +272,7 @@ class Plan:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ValueError(f"cannot read the plan file {str(path)!r}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"the plan file {str(path)!r} is not JSON: {e}") from None
+    data = read_json(path, "plan file")
     if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT or "method" not in data:
         raise ValueError(f"{str(path)!r} is not a plan file written by multispec tune (format {PLAN_FORMAT})")
     params = dict(data.get("params") or {})
