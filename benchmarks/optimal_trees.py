@@ -1,7 +1,7 @@
 """Optimal trees, `tree=auto` and `multispec tune` on held-out halves.
 
 For each category and temperature: `tune` on the first N prompts of the category, then measure on the next N
-(held out): ar, sd with fixed gamma, mcsd with the MCSD paper's k-configs, the optimal trees of the same node
+(held out): transformers' generate() (hf), ar, sd with fixed gamma, mcsd with the MCSD paper's k-configs, the optimal trees of the same node
 counts (the highest expected accepted tokens under the acceptance tune measured), tree=auto with tune's prior,
 and the tuned plan. One row per (category, temperature, method, prompt) is appended to rows.jsonl as it
 finishes (a rerun skips finished rows); `--summarise` writes summary.md from the rows.
@@ -32,10 +32,12 @@ def combos(temperatures):
 def run(args) -> None:
     from multispec.api import generate, load_pair
     from multispec.bench import load_prompts
+    from multispec.bench.runner import hf_generate
     from multispec.drafting.shape import AUTO_MAX_DEPTH
     from multispec.tree_search import RankAcceptance, TreeTable, reach_of, tree_value
     from multispec.trees import TokenTree
     from multispec.tune import load_plan, tune, write_plan
+    from multispec.warp import Sampling
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -46,6 +48,7 @@ def run(args) -> None:
             r = json.loads(line)
             done.add((r["combo"], r["method"], r["prompt"]))
     pair = load_pair()
+    warmed: list[bool] = []
     for prompt_set, category, t in combos(args.temperatures):
         combo = f"{category or prompt_set}-T{t:g}"
         if args.only and not any(combo.startswith(o) for o in args.only):
@@ -79,14 +82,26 @@ def run(args) -> None:
                                                      "_kconfig_predicted": tree_value(tree, reach)})
         methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "replacement": False})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
+        methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
+        methods["ar (beside hf)"] = ("ar", {})  # ar again, in the process that measured hf
         for label, (method, params) in methods.items():
             extra = {k: v for k, v in params.items() if k.startswith("_")}
             params = {k: v for k, v in params.items() if not k.startswith("_")}
             for i, p in enumerate(held_out):
                 if (combo, label, p.id) in done:
                     continue
-                st = generate(pair.target, pair.draft, p.text, method=method, max_new_tokens=args.max_new_tokens,
-                              temperature=t, seed=i, score=False, **params).stats
+                if method == "hf":
+                    ids = pair.target.encode(p.text, chat=True)
+                    if not warmed:  # lazy initialisation outside the timed rows, as the bench's warm-up does
+                        hf_generate(pair.target, None, ids, 8, Sampling(t), 0)
+                        warmed.append(True)
+                    tokens, st = hf_generate(pair.target, None, ids, args.max_new_tokens, Sampling(t), i)
+                    st = {"new_tokens": len(tokens), "tokens_per_second": len(tokens) / st["seconds"],
+                          "block_efficiency": 1.0, "iterations": st["target_calls"], "target_seconds": None,
+                          "draft_seconds": None, "other_seconds": None, **st}
+                else:
+                    st = generate(pair.target, pair.draft, p.text, method=method, max_new_tokens=args.max_new_tokens,
+                                  temperature=t, seed=i, score=False, **params).stats
                 row = {"combo": combo, "method": label, "prompt": p.id, "new_tokens": st["new_tokens"],
                        "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
                        "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
