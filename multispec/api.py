@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,14 +152,19 @@ def generate(
     top_p: float = 1.0,
     seed: int | None = 0,
     chat: bool = True,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[list[int]], bool | None] | None = None,
     score: bool = True,
+    cancel: threading.Event | None = None,
     **method_params,
 ) -> Result:
     """Generate with `method`: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a
     colon as on the command line ("sd:gamma=6"); keyword parameters override those. The default,
     `DEFAULT_METHOD` ("sd:gamma=auto,drafter=hybrid"), is the command line's. `prompt` is text (chat template applied when the
     tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
+
+    `on_tokens` is called with each piece of output as it is committed; a true return ends the output there
+    (`stats["stopped"]` "stop": a stop string was met). `cancel`, set from another thread, ends it at the
+    next iteration ("cancelled").
 
     With `score`, the output's mean log-probability and perplexity under the unwarped target are added
     to the stats (`mean_logprob`, `perplexity`): one more target forward over prompt and output, after
@@ -185,7 +191,7 @@ def generate(
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
 
-    session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens)
+    session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens, cancel)
     seconds_before, compiles_before = _compiling(target, draft)
     t0 = time.perf_counter()
     if not session.done:
@@ -282,6 +288,7 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) ->
         # iterations that accepted n drafts, at index n; per draft position, the acceptance of iterations
         # that reached it (every earlier draft accepted)
         "accepted_length_histogram": list(s.accepted_lengths),
+        "accepted_per_position": list(s.position_accepts) + [0] * (len(s.position_tries) - len(s.position_accepts)),
         "position_acceptance": [a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries),
                                                        s.position_tries, strict=False)],
         # tree methods: per drafter ("model/without-replacement", "model/iid", "model/top-k", "copy"), by depth

@@ -156,6 +156,23 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     tu.add_argument("--out", default="plan.json", help="the plan file to write")
     tu.add_argument("--json", action="store_true", help="print the plan file's contents instead of the table")
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat, completions, streaming, /metrics) "
+                        "over one model pair; requests are served one at a time", formatter_class=DEFAULTS)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--method", default=DEFAULT_METHOD,
+                    help="the method of requests that name none (a request's 'method' field overrides it)")
+    sv.add_argument("--model-name", default="multispec", help="the model id clients send and /v1/models lists")
+    sv.add_argument("--max-queue", type=int, default=16,
+                    help="requests that may wait behind the one running; more get 429")
+    sv.add_argument("--max-tokens", type=int, default=128, help="new tokens of a request that gives no max_tokens")
+    sv.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    sv.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    sv.add_argument("--device", default=None)
+    sv.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    sv.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -332,16 +349,15 @@ def cmd_generate(args) -> int:
                                  compile=args.compile)
         pair = ModelPair(target_only, None, {target_only.name: describe_model(target_only)})
     target = pair.target
-    shown: list[int] = []
-    printed = [""]
+    from .streaming import TextStream
+
+    text = TextStream(target.decode)
 
     def stream(tokens: list[int]) -> None:
-        shown.extend(tokens)
-        text = target.decode(shown) or ""
-        if text.startswith(printed[0]):
-            sys.stdout.write(text[len(printed[0]) :])
+        piece = text.push(tokens)
+        if piece:
+            sys.stdout.write(piece)
             sys.stdout.flush()
-            printed[0] = text
 
     result = generate(
         target, pair.draft, args.prompt, method=name, max_new_tokens=args.max_new_tokens,
@@ -353,9 +369,7 @@ def cmd_generate(args) -> int:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": st,
                           "method": name, "models": pair.description}))
         return 0
-    final = result.text or ""
-    if final != printed[0]:  # the stream could not be shown incrementally (e.g. beam)
-        sys.stdout.write(final[len(printed[0]) :] if final.startswith(printed[0]) else "\n" + final)
+    sys.stdout.write(text.finish())
     acc = f" · acceptance {st['acceptance_rate']:.2f}" if st["acceptance_rate"] is not None else ""
     predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
                  f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")
@@ -369,6 +383,28 @@ def cmd_generate(args) -> int:
           f"{ppl} · stopped: {st['stopped']}{split}{once}")
     models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
     print(f"[models] {models}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .serve import Server, serve
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    name, params = parse_method(args.method)
+    options = {"model_name": args.model_name, "method": args.method, "max_queue": args.max_queue,
+               "max_tokens": args.max_tokens}
+    from .api import load_pair
+    from .decoding import get_method
+
+    spec = get_method(name)
+    spec.resolve(params)  # a bad default method fails before the models load
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    Server(pair, **options).close()  # every option checked before the port is taken
+    print(f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
+          f"http://{args.host}:{args.port}/v1 (default method {args.method}; one request at a time)",
+          file=sys.stderr)
+    serve(pair, host=args.host, port=args.port, log_level=args.log_level, **options)
     return 0
 
 
@@ -459,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "tune":
             return cmd_tune(args)
+        if args.command == "serve":
+            return cmd_serve(args)
     except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

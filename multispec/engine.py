@@ -14,6 +14,7 @@ always starts with at least one committed token and yields the distribution that
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable
 
@@ -261,7 +262,8 @@ class Session:
         sampling: Sampling,
         max_new_tokens: int,
         generator: torch.Generator,
-        on_tokens: Callable[[list[int]], None] | None = None,
+        on_tokens: Callable[[list[int]], bool | None] | None = None,
+        cancel: threading.Event | None = None,
     ):
         self.target_model, self.draft_model = target, draft
         self.target = ModelRunner(target)
@@ -271,7 +273,8 @@ class Session:
         self.sampling = sampling
         self.max_new_tokens = max_new_tokens
         self.generator = generator
-        self.on_tokens = on_tokens
+        self.on_tokens = on_tokens  # called with each committed piece; a true return ends the output ("stop")
+        self.cancel = cancel  # set from another thread: the output ends at the next check ("cancelled")
         self.stop_tokens = target.stop_tokens
         self.stopped: str | None = "length" if max_new_tokens == 0 else None
         self.counters = {"iterations": 0, "drafted": 0, "nodes": 0, "accepted": 0, "rejections": 0}
@@ -292,6 +295,8 @@ class Session:
 
     @property
     def done(self) -> bool:
+        if self.stopped is None and self.cancel is not None and self.cancel.is_set():
+            self.stopped = "cancelled"
         return self.stopped is not None
 
     def budget(self) -> int:
@@ -358,8 +363,8 @@ class Session:
         self.tokens.extend(tokens)
         if self.stopped is None and self.budget() <= 0:
             self.stopped = "length" if len(self.new_tokens) >= self.max_new_tokens else "context"
-        if self.on_tokens is not None and tokens:
-            self.on_tokens(tokens)
+        if self.on_tokens is not None and tokens and self.on_tokens(tokens) and self.stopped is None:
+            self.stopped = "stop"
 
 
 class Hypotheses:
@@ -372,9 +377,12 @@ class Hypotheses:
         self.start = s.prompt_length
         self.finished: list[tuple[float, list[int]]] = []
         self.max_new_tokens, self.max_length = s.max_new_tokens, s.max_length
+        self.cancel = s.cancel
 
     def room(self) -> int:
         """Tokens that may still be appended to every row (budget and context)."""
+        if self.cancel is not None and self.cancel.is_set():
+            return 0
         length = len(self.rows[0]) if self.rows else 0
         left = self.max_new_tokens - (length - self.start)
         return left if self.max_length is None else min(left, self.max_length - length)

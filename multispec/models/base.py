@@ -73,5 +73,10 @@ class LanguageModel(ABC):
     def encode(self, text: str, chat: bool = True) -> list[int]:
         raise ValueError(f"{self.name} has no tokenizer: give the prompt as a list of token ids")
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation (`[{"role": ..., "content": ...}, ...]`) through the tokenizer's chat template, ready
+        for the assistant's turn."""
+        raise ValueError(f"{self.name} has no tokenizer, so no chat template: give the prompt as token ids")
+
     def decode(self, ids: list[int]) -> str | None:
         return None

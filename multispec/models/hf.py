@@ -322,13 +322,16 @@ class HFModel(LanguageModel):
         if self.tokenizer is None:
             return super().encode(text, chat)
         if chat and self.use_chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
-                ids = ids["input_ids"]
-            return list(ids)
+            return self.encode_chat([{"role": "user", "content": text}])
         return self.tokenizer(text)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"{self.name} has no chat template: send plain text (completions) instead")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str | None:
         if self.tokenizer is None:

@@ -1,0 +1,7 @@
+"""`python -m multispec ...` (and `accelerate launch -m multispec bench ...`): the command line."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
