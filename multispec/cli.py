@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     b.add_argument("--out", default="bench-out", help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
+    b.add_argument("--processes", type=int, default=1,
+                   help="spread the prompts over N processes with accelerate (one GPU each where there are "
+                        "several; on a CPU they share the cores, so timings are not comparable with one process)")
     b.add_argument("--force", action="store_true", help="discard an earlier results.jsonl in --out")
     b.add_argument("--no-warmup", action="store_true")
     b.add_argument("--preset", default=None, help="smoke: 5 prompts, ar / sd:gamma=4 / hf / hf-assisted, "
@@ -220,18 +223,34 @@ def cmd_bench(args) -> int:
     methods = [*methods, *(load_plan(f).spec for f in args.plan)]
     bench.plan(methods, args.baseline)
     bench.check_settings(temperatures, max_new, args.top_k, args.top_p)
-    bench.prepare_out(args.out, args.resume, args.force)
+    from .bench import sweep
+
+    if args.processes < 1:
+        raise ValueError(f"--processes must be at least 1, got {args.processes}")
+    if args.processes > 1 and sweep.launched():
+        raise ValueError("--processes is for a plain run; under accelerate launch, give --num_processes to it")
+    state = sweep.process_state() if sweep.launched() else None
+    main_process = state is None or state.is_main_process
+    bench.prepare_out(args.out, args.resume, args.force, delete=False)
+    if args.processes > 1:
+        print(f"bench: {len(prompts)} prompts over {args.processes} processes (accelerate launch)", file=sys.stderr)
+        return sweep.launch(sweep.without_processes(args.argv), args.processes)
 
     from .api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
-    print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
-          f"{' / '.join(pair.description)} -> {args.out}", file=sys.stderr)
+    device = args.device or (sweep.process_device(state) if state is not None else None)
+    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=args.compile)
+    if main_process:
+        print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
+              f"{' / '.join(pair.description)} -> {args.out}"
+              + (f" ({state.num_processes} processes)" if state is not None else ""), file=sys.stderr)
     summary = bench.run_bench(
         pair.target, pair.draft, prompts, methods, args.out, temperatures=temperatures, max_new_tokens=max_new,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat, baseline=args.baseline,
-        resume=args.resume, force=args.force, warmup=not args.no_warmup, models=pair.description,
+        resume=args.resume, force=args.force, warmup=not args.no_warmup, models=pair.description, state=state,
     )
+    if summary is None:  # a sweep's other processes: the main one reports
+        return 0
     base = summary["meta"]["baseline"]
     for t, data in summary["temperatures"].items():
         print(f"temperature {float(t):g}:")
@@ -475,6 +494,7 @@ def cmd_check(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     from .api import quiet_transformers
 
     quiet_transformers()  # model loading bars would drown the generated text

@@ -4,6 +4,8 @@ the report, and the command line. Tiny random Llamas keep it fast; one test runs
 import json
 import math
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -460,3 +462,57 @@ def test_default_pair_one_prompt(tmp_path, default_pair):
     assert 0 <= ar_row["rouge_l"] <= 1 and ar_row["bleu"] is not None and ar_row["exact_match"] in (0.0, 1.0)
     assert summary["temperatures"]["0.0"]["methods"]["sd:gamma=4"]["block_efficiency"]["median"] > 1
     assert "SmolLM2" in (tmp_path / "out" / "report.md").read_text()
+
+
+# -- sweeps over processes ------------------------------------------------------------------------
+
+DETERMINED = ("text", "token_ids", "new_tokens", "target_calls", "draft_calls", "block_efficiency",
+              "acceptance_rate", "stopped", "seed", "prompt_tokens", "error", "accepted_length_histogram")
+
+
+def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_path, tiny_pair):
+    """`bench --processes 2` (accelerate launch, two CPU processes) against one process, on saved tiny models;
+    then a sweep whose second process died after one row is resumed: no finished row is run again."""
+    for name, model in zip(("target", "draft"), tiny_pair, strict=True):
+        model.model.save_pretrained(tmp_path / name)
+    prompts = id_prompts(tmp_path, 5)
+    common = ["bench", "--prompts", str(prompts), "--target", str(tmp_path / "target"), "--draft",
+              str(tmp_path / "draft"), "--method", "sd:gamma=2", "--method", "mcsd:k_config=2x1",
+              "--temperature", "0", "--temperature", "1", "--max-new-tokens", "6", "--no-warmup"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    one = read_results(tmp_path / "one" / "results.jsonl")
+    proc = subprocess.run([sys.executable, "-m", "multispec", *common, "--out", str(tmp_path / "two"),
+                           "--processes", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = read_results(tmp_path / "two" / "results.jsonl")
+    assert len(one) == len(two) == 5 * 3 * 2  # prompts x (ar, sd, mcsd) x temperatures
+    key = ("prompt_id", "method", "temperature")
+    assert [[r[k] for k in key] for r in two] == [[r[k] for k in key] for r in one]  # one process's order
+    for a, b in zip(one, two, strict=True):
+        assert {k: a[k] for k in DETERMINED} == {k: b[k] for k in DETERMINED}
+        assert a["mean_logprob"] == pytest.approx(b["mean_logprob"], rel=1e-5, abs=1e-6)
+    assert not (tmp_path / "two" / "shards").exists()
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["meta"]["processes"] == 2
+
+    # a sweep that died: process 0 finished its rows, process 1 wrote one and was killed inside the next
+    died = tmp_path / "died"
+    (died / "shards").mkdir(parents=True)
+    mine = {0: [], 1: []}
+    ids = [r["prompt_id"] for r in one]
+    order = list(dict.fromkeys(ids))
+    for r in two:
+        mine[order.index(r["prompt_id"]) % 2].append(r)
+    (died / "shards" / "results.0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine[0]))
+    (died / "shards" / "results.1.jsonl").write_text(json.dumps(mine[1][0]) + "\n" + json.dumps(mine[1][1])[:40])
+    kept = {(r["prompt_id"], r["method"], r["temperature"]): r["seconds"] for r in mine[0] + mine[1][:1]}
+    proc = subprocess.run([sys.executable, "-m", "multispec", *common, "--out", str(died), "--processes", "2",
+                           "--resume"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = read_results(died / "results.jsonl")
+    assert [[r[k] for k in key] for r in resumed] == [[r[k] for k in key] for r in one]  # each row once
+    for r in resumed:  # finished rows kept as they were (their timing too), the rest run now
+        if (r["prompt_id"], r["method"], r["temperature"]) in kept:
+            assert r["seconds"] == kept[(r["prompt_id"], r["method"], r["temperature"])]
+    assert sum((r["prompt_id"], r["method"], r["temperature"]) not in kept for r in resumed) == len(mine[1]) - 1
+    for a, b in zip(one, resumed, strict=True):
+        assert {k: a[k] for k in DETERMINED} == {k: b[k] for k in DETERMINED}

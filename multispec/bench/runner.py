@@ -26,7 +26,7 @@ from ..decoding import METHODS
 from ..models.base import LanguageModel
 from ..params import parse_method
 from ..warp import Sampling
-from . import metrics
+from . import metrics, sweep
 from .energy import Meter, pick_meter
 from .memory import PeakMemory
 from .prompts import Prompt
@@ -110,24 +110,27 @@ def check_settings(temperatures, max_new_tokens, top_k, top_p) -> None:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
-def prepare_out(out: str | Path, resume: bool = False, force: bool = False) -> Path:
-    """The output folder, checked before any model is loaded."""
+def prepare_out(out: str | Path, resume: bool = False, force: bool = False, delete: bool = True) -> Path:
+    """The output folder, checked before any model is loaded. With `force` (and `delete`: the main process
+    of a sweep), an earlier run's results and shards are removed."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
     results = out / RESULTS
-    if results.exists() and not (resume or force):
-        raise ValueError(f"{results} exists: pass --resume to continue that run, --force to start again, "
-                         "or choose another --out")
+    if (results.exists() or sweep.shard_files(out)) and not (resume or force):
+        raise ValueError(f"{results if results.exists() else out / sweep.SHARDS} exists: pass --resume to continue "
+                         "that run, --force to start again, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    if force and not resume and results.exists():
-        results.unlink()
+    if force and not resume and delete:
+        results.unlink(missing_ok=True)
+        sweep.remove_shards(out)
     return out
 
 
-def read_results(path: str | Path) -> list[dict]:
-    """The rows of a results.jsonl. A cut last line (the run was killed while writing it) is dropped from
-    the file, so that appending continues cleanly; a bad line elsewhere is an error."""
+def read_results(path: str | Path, repair: bool = True) -> list[dict]:
+    """The rows of a results.jsonl. A cut last line (the run was killed while writing it) is dropped, and
+    with `repair` removed from the file, so that appending continues cleanly (never repair a file another
+    process may be writing); a bad line elsewhere is an error."""
     path = Path(path)
     if not path.exists():
         return []
@@ -140,7 +143,8 @@ def read_results(path: str | Path) -> list[dict]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if n == len(lines):
-                path.write_text("".join(lines[:-1]), encoding="utf-8")
+                if repair:
+                    path.write_text("".join(lines[:-1]), encoding="utf-8")
                 break
             raise ValueError(f"{path} line {n} is not valid JSON; it is not a results file of this harness") from None
     return rows
@@ -176,9 +180,14 @@ def run_bench(
     meter: Meter | None | str = "auto",
     progress: bool = True,
     models: dict[str, str] | None = None,
-) -> dict:
+    state=None,
+) -> dict | None:
     """Run the benchmark, write results.jsonl, summary.json, report.md and the plots in `out`; return the
-    summary. `meter="auto"` picks a readable energy counter for the target's device, None measures none."""
+    summary. `meter="auto"` picks a readable energy counter for the target's device, None measures none.
+
+    `state`: accelerate's process state when the run is spread over processes (`sweep`): this process runs
+    every N-th prompt into its shard, and the main process merges the shards, writes the report and returns
+    the summary (the others return None)."""
     from .report import write_report
 
     specs, base_label = plan(methods if methods is not None else default_methods(draft is not None), baseline)
@@ -189,12 +198,22 @@ def run_bench(
         needing = [s.label for s in specs if s.needs_draft]
         if needing:
             raise ValueError(f"method {needing[0]!r} needs a draft model; none was given")
-    out = prepare_out(out, resume, force)
+    rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
+    main_process = rank == 0
+    out = prepare_out(out, resume, force, delete=main_process)
+    if count > 1:
+        state.wait_for_everyone()  # the main process has cleared the folder (--force)
     settings = {"target": target.name, "draft": draft.name if draft is not None else None,
                 "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "seed": seed, "chat": chat}
     results = out / RESULTS
+    own = results if count == 1 else sweep.shard_path(out, rank)
+    own.parent.mkdir(parents=True, exist_ok=True)
     done = set()
-    for row in read_results(results) if resume else []:
+    earlier = [results, *sweep.shard_files(out)] if resume else []
+    rows_before = [row for path in earlier for row in read_results(path, repair=path == own)]
+    if count > 1:
+        state.wait_for_everyone()  # every process has read what is done before any writes
+    for row in rows_before:
         if row.get("settings") != settings:
             old = row.get("settings") or {}
             diff = ", ".join(f"{k} {old.get(k)!r} there, {v!r} now" for k, v in settings.items() if old.get(k) != v)
@@ -204,10 +223,12 @@ def run_bench(
         meter = pick_meter(str(target.device))
 
     load_start = _load()
-    todo = [(t, p, s) for t in temperatures for p in prompts for s in specs
+    mine = prompts[rank::count]
+    todo = [(t, p, s) for t in temperatures for p in mine for s in specs
             if row_key(p.id, s.label, t) not in done and (t > 0 or s.name in BASELINES or METHODS[s.name].greedy)]
     skipped = sorted({s.label for s in specs if s.name not in BASELINES and not METHODS[s.name].greedy}
                      if 0 in temperatures else set())
+    progress = progress and main_process
     if skipped and progress:
         print(f"bench: {', '.join(skipped)} only sample: not run at temperature 0", file=sys.stderr)
     ids_cache: dict[str, list[int]] = {}
@@ -222,7 +243,7 @@ def run_bench(
     from tqdm import tqdm
 
     bar = tqdm(total=len(todo), file=sys.stderr, disable=not progress, unit="gen", dynamic_ncols=True)
-    with open(results, "a", encoding="utf-8") as log:
+    with open(own, "a", encoding="utf-8") as log:
         for t, prompt, spec in todo:
             bar.set_postfix_str(f"T={t:g} {spec.label} {prompt.id}", refresh=False)
             row = {"prompt_id": prompt.id, "category": prompt.category, "method": spec.label,
@@ -242,12 +263,39 @@ def run_bench(
             bar.update(1)
     bar.close()
 
+    if count > 1:
+        state.wait_for_everyone()
+    if main_process and (count > 1 or sweep.shard_files(out)):  # (also a sweep resumed in one process)
+        merge_shards(out, [row_key(p.id, s.label, t) for t in temperatures for p in prompts for s in specs])
+    if count > 1:
+        state.wait_for_everyone()
+        if not main_process:
+            return None
     meta = {"settings": settings, "models": models or {}, "baseline": base_label,
             "methods": [s.label for s in specs], "temperatures": [float(t) for t in temperatures],
             "prompts": len(prompts), "meter": meter.name if meter is not None else None,
-            "device": str(target.device), "torch": torch.__version__,
+            "device": str(target.device), "torch": torch.__version__, "processes": count,
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": [load_start, _load()]}
     return write_report(out, read_results(results), meta)
+
+
+def merge_shards(out: str | Path, order: list[tuple]) -> list[dict]:
+    """Merge results.jsonl and every shard into results.jsonl: each row once, in `order` (row keys as a
+    one-process run writes them), rows outside it (an earlier run's other methods) after, in file order.
+    The file is replaced in one step and the shards removed after."""
+    out = Path(out)
+    rows: dict[tuple, dict] = {}
+    for path in [out / RESULTS, *sweep.shard_files(out)]:
+        for row in read_results(path):
+            rows.setdefault(row_key(row["prompt_id"], row["method"], row["temperature"]), row)
+    place = {key: i for i, key in enumerate(order)}
+    merged = sorted(rows.values(), key=lambda r: place.get(row_key(r["prompt_id"], r["method"], r["temperature"]),
+                                                            len(place)))
+    tmp = out / (RESULTS + ".merging")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in merged), encoding="utf-8")
+    os.replace(tmp, out / RESULTS)
+    sweep.remove_shards(out)
+    return merged
 
 
 def _prompt_ids(target: LanguageModel, prompt: Prompt, chat: bool, cache: dict) -> list[int]:
