@@ -71,7 +71,7 @@ def run_load(port: int, method: str, clients: int, requests: int, max_tokens: in
 
 
 def percentiles(values: list[float]) -> dict:
-    q = statistics.quantiles(values, n=100)
+    q = statistics.quantiles(values, n=100, method="inclusive")
     return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(values)}
 
 
