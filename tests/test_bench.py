@@ -493,6 +493,7 @@ def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_pat
         assert a["mean_logprob"] == pytest.approx(b["mean_logprob"], rel=1e-5, abs=1e-6)
     assert not (tmp_path / "two" / "shards").exists()
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["meta"]["processes"] == 2
+    assert "spread over 2 processes sharing the CPU" in (tmp_path / "two" / "report.md").read_text()
 
     # a sweep that died: process 0 finished its rows, process 1 wrote one and was killed inside the next
     died = tmp_path / "died"

@@ -129,6 +129,9 @@ def markdown(summary: dict, plots: list[str]) -> str:
         f"{st['top_p']}, seed {st['seed']}, chat template {'on' if st['chat'] else 'off'}; one prompt at a time",
         f"- device {m['device']}, {m['threads']} torch threads, torch {m['torch']}, Python {m['python']}"
         + _load_note(m),
+        *([f"- spread over {m['processes']} processes"
+           + (" sharing the CPU: timings, speed-ups and energy are not comparable with a one-process run"
+              if m["device"].startswith("cpu") else "")] if (m.get("processes") or 1) > 1 else []),
         f"- energy: {m['meter']}" if m["meter"] else
         "- energy: **unavailable** (no readable energy counter: no NVML GPU, no readable RAPL powercap); "
         "nothing is estimated",
