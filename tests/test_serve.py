@@ -207,7 +207,7 @@ def test_load_8_streaming_clients_x_10_requests(server):
                 t0 = time.perf_counter()
                 stream = client.chat.completions.create(
                     model="multispec", messages=[{"role": "user", "content": f"Say a word about the number {r}."}],
-                    max_tokens=8, seed=100 * c + r, stream=True, stream_options={"include_usage": True},
+                    max_tokens=6, seed=100 * c + r, stream=True, stream_options={"include_usage": True},
                     extra_body={"method": "sd:gamma=2"})
                 parts, finish, usage = [], None, None
                 for chunk in stream:
@@ -230,7 +230,7 @@ def test_load_8_streaming_clients_x_10_requests(server):
     for c in range(clients):
         assert [r for r, *_ in results[c]] == list(range(per_client))  # every response, in its client's order
         for _, _, finish, usage, seconds in results[c]:
-            assert finish in ("stop", "length") and usage is not None and 1 <= usage.completion_tokens <= 8
+            assert finish in ("stop", "length") and usage is not None and 1 <= usage.completion_tokens <= 6
             latencies.append(seconds)
     assert server.metric("multispec_requests_total") == served_before + clients * per_client  # none lost
     q = statistics.quantiles(latencies, n=100, method="inclusive")
