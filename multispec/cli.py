@@ -176,6 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
+    cc = sub.add_parser("cost-curve", help="measure this device's forward costs T(k, c) for the target and the "
+                        "draft and write them to a file (to project speeds onto another device)",
+                        formatter_class=DEFAULTS)
+    cc.add_argument("--out", required=True, metavar="FILE", help="the JSON file to write")
+    cc.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    cc.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    cc.add_argument("--device", default=None)
+    cc.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    cc.add_argument("--compile", action="store_true", help="measure compiled forwards")
+    cc.add_argument("--repeats", type=int, default=4, help="interleaved rounds per point (the median is kept)")
+
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -427,6 +438,29 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_cost_curve(args) -> int:
+    from pathlib import Path
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give a file name (e.g. {out / 'cost-curve.json'})")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    from .api import load_pair
+    from .models.cost import write_cost_curves
+
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    data = write_cost_curves(out, {"target": pair.target, "draft": pair.draft}, repeats=args.repeats)
+    print(f"{data['device']}, {data['date']}, host {data['host']}")
+    for role, c in data["models"].items():
+        row = c["seconds"][0]
+        shown = [(k, row[j]) for j, k in enumerate(c["tokens"]) if k in (1, 2, 4, 8, 16, 32, 65)]
+        print(f"  {role:6s} {c['name']} ({c['dtype']}, {c['engine']}) after {c['contexts'][0]} tokens: "
+              + ", ".join(f"T({k}) {t * 1e3:.1f} ms" for k, t in shown))
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_tune(args) -> int:
     from . import bench
     from .tune import table, tune, write_plan
@@ -517,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tune(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "cost-curve":
+            return cmd_cost_curve(args)
     except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

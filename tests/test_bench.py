@@ -517,3 +517,25 @@ def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_pat
     assert sum((r["prompt_id"], r["method"], r["temperature"]) not in kept for r in resumed) == len(mine[1]) - 1
     for a, b in zip(one, resumed, strict=True):
         assert {k: a[k] for k in DETERMINED} == {k: b[k] for k in DETERMINED}
+
+
+def test_cost_curve_file_round_trip_and_errors(tmp_path, tiny_pair, capsys):
+    from multispec.models.cost import read_cost_curves
+
+    for name, model in zip(("target", "draft"), tiny_pair, strict=True):
+        model.model.save_pretrained(tmp_path / name)
+    out = tmp_path / "curves" / "cpu.json"
+    models = ["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")]
+    assert main(["cost-curve", *models, "--out", str(out), "--repeats", "1"]) == 0
+    assert "T(1)" in capsys.readouterr().out
+    curves, data = read_cost_curves(out)
+    assert set(curves) == {"target", "draft"} and data["device"].startswith("cpu") and data["date"]
+    for c in curves.values():
+        row = c.seconds[0]
+        assert all(b >= a > 0 for a, b in zip(row, row[1:], strict=False))  # never cheaper for more tokens
+        assert c(c.tokens[-1] + 5) >= c(c.tokens[-1])
+    assert main(["cost-curve", *models, "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(ValueError, match="not a cost-curve file"):
+        read_cost_curves(tmp_path / "other.json")

@@ -169,3 +169,65 @@ def _store_path():
 def _sync(model: LanguageModel) -> None:
     if getattr(model.device, "type", "cpu") == "cuda":
         torch.cuda.synchronize(model.device)
+
+
+# -- a device's curves in a file (`multispec cost-curve --out`) ---------------------------------------
+
+CURVE_FORMAT = "multispec-cost-curve/1"
+
+
+def describe_device(device) -> str:
+    """The device in words: the GPU's name, or the CPU's model and cores."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    import platform
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"cpu ({model or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) -> dict:
+    """Measure T(k, c) afresh for each model ({"target": ..., "draft": ...}) and write them, with the device,
+    date and host, as one JSON file; return what was written."""
+    import platform
+    from pathlib import Path
+
+    curves = {}
+    for role, model in models.items():
+        if model is None:
+            continue
+        cost = measure_forward_cost(model, repeats=repeats)
+        curves[role] = {"name": model.name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
+                        "engine": cost_key(model).split("|")[3], "contexts": list(cost.contexts),
+                        "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
+    some = next(m for m in models.values() if m is not None)
+    data = {"format": CURVE_FORMAT, "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
+            "device": describe_device(some.device), "torch": torch.__version__, "models": curves}
+    path = Path(path)
+    if path.parent != Path(""):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return data
+
+
+def read_cost_curves(path) -> tuple[dict[str, ForwardCost], dict]:
+    """The curves of a file written by `write_cost_curves`: ({role: ForwardCost}, the file's data)."""
+    from ..params import read_json
+
+    data = read_json(path, "cost-curve file")
+    if not isinstance(data, dict) or data.get("format") != CURVE_FORMAT or not isinstance(data.get("models"), dict):
+        raise ValueError(f"{path} is not a cost-curve file of multispec (written by `multispec cost-curve --out`)")
+    curves = {}
+    for role, c in data["models"].items():
+        try:
+            curves[role] = ForwardCost(tuple(tuple(float(x) for x in row) for row in c["seconds"]),
+                                       tuple(int(x) for x in c["contexts"]), tuple(int(x) for x in c["tokens"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: the {role!r} curve is malformed ({e})") from None
+    return curves, data
