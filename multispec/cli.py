@@ -30,6 +30,15 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed", type=int, default=0, help="same seed, same output (an integer in [0, 2**63))")
 
 
+def _pair_args(p: argparse.ArgumentParser) -> None:
+    """The model pair's options of serve and cost-curve."""
+    p.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multispec", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,22 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-queue", type=int, default=16,
                     help="requests that may wait behind the one running; more get 429")
     sv.add_argument("--max-tokens", type=int, default=128, help="new tokens of a request that gives no max_tokens")
-    sv.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
-    sv.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
-    sv.add_argument("--device", default=None)
-    sv.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    sv.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
+    _pair_args(sv)
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
     cc = sub.add_parser("cost-curve", help="measure this device's forward costs T(k, c) for the target and the "
                         "draft and write them to a file (to project speeds onto another device)",
                         formatter_class=DEFAULTS)
     cc.add_argument("--out", required=True, metavar="FILE", help="the JSON file to write")
-    cc.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
-    cc.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
-    cc.add_argument("--device", default=None)
-    cc.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    cc.add_argument("--compile", action="store_true", help="measure compiled forwards")
+    _pair_args(cc)
     cc.add_argument("--repeats", type=int, default=4, help="interleaved rounds per point (the median is kept)")
 
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
@@ -422,19 +423,17 @@ def cmd_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     name, params = parse_method(args.method)
-    options = {"model_name": args.model_name, "method": args.method, "max_queue": args.max_queue,
-               "max_tokens": args.max_tokens}
     from .api import load_pair
     from .decoding import get_method
 
-    spec = get_method(name)
-    spec.resolve(params)  # a bad default method fails before the models load
+    get_method(name).resolve(params)  # a bad default method fails before the models load
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
-    Server(pair, **options).close()  # every option checked before the port is taken
+    server = Server(pair, model_name=args.model_name, method=args.method, max_queue=args.max_queue,
+                    max_tokens=args.max_tokens)  # every option checked before the port is taken
     print(f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
           f"http://{args.host}:{args.port}/v1 (default method {args.method}; one request at a time)",
           file=sys.stderr)
-    serve(pair, host=args.host, port=args.port, log_level=args.log_level, **options)
+    serve(server, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -525,6 +524,10 @@ def cmd_check(args) -> int:
     return 0 if report.passed else 1
 
 
+COMMANDS = {"methods": cmd_methods, "generate": cmd_generate, "check": cmd_check, "theory": cmd_theory,
+            "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve, "cost-curve": cmd_cost_curve}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -533,26 +536,11 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_transformers()  # model loading bars would drown the generated text
     try:
-        if args.command == "methods":
-            return cmd_methods(args)
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "check":
-            return cmd_check(args)
-        if args.command == "theory":
-            return cmd_theory(args)
         if args.command == "distill":
             from .distill.cli import run as run_distill
 
             return run_distill(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "tune":
-            return cmd_tune(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        if args.command == "cost-curve":
-            return cmd_cost_curve(args)
+        return COMMANDS[args.command](args)
     except ValueError as e:
         print("multispec: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

@@ -127,9 +127,9 @@ class Server:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if pair.target.tokenizer is None:
             raise ValueError(f"{pair.target.name} has no tokenizer: a text server needs one")
+        self.pair, self.model_name = pair, model_name
         self.default_method, self.default_params = parse_method(method)
         self._check_method(self.default_method, self.default_params)
-        self.pair, self.model_name = pair, model_name
         self.max_queue, self.max_tokens = max_queue, max_tokens
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="multispec-generate")
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not to be used by two threads at once
@@ -546,11 +546,10 @@ def _message(m, i: int) -> dict:
     return {"role": role, "content": content}
 
 
-def serve(pair: ModelPair, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **options) -> None:
-    """Run the server until interrupted (uvicorn)."""
+def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Warm the server up and run it until interrupted (uvicorn)."""
     import uvicorn
 
-    server = Server(pair, **options)
     server.warm_up()
     try:
         uvicorn.run(server.app, host=host, port=port, log_level=log_level)

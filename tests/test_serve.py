@@ -8,12 +8,11 @@ import statistics
 import threading
 import time
 
+import openai  # the dev extra installs it; the server's own libraries are dependencies
 import pytest
+import uvicorn
 
 pytestmark = pytest.mark.slow
-
-openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
 
 PROMPT = "Name three colours."
 
@@ -250,3 +249,13 @@ def test_a_failure_inside_generation_is_a_500_without_traceback(server, monkeypa
     got, text = server.request("POST", "/v1/completions",
                                json.dumps({"model": "multispec", "prompt": "hi", "stream": True}).encode())
     assert got == 200 and "internal error (RuntimeError)" in text and "secret" not in text
+
+
+def test_a_server_default_method_that_needs_a_missing_draft_is_refused(default_pair):
+    from multispec.api import ModelPair
+    from multispec.serve import Server
+
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Server(ModelPair(default_pair.target, None), method="sd:gamma=3")
+    with pytest.raises(ValueError, match="max_queue"):
+        Server(default_pair, max_queue=-1)
