@@ -284,6 +284,9 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) ->
         "block_efficiency": new / target_calls if target_calls else 0.0,
         "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
         "forward_seconds": forward,
+        # forwards by the tokens each fed (rows x tokens per row): what a device's cost curve prices
+        "target_forwards": {str(k): n for k, n in sorted(s.target.fed.items())},
+        "draft_forwards": {str(k): n for k, n in sorted(s.draft.fed.items())} if s.draft is not None else {},
         "stopped": s.stopped,
         # iterations that accepted n drafts, at index n; per draft position, the acceptance of iterations
         # that reached it (every earlier draft accepted)

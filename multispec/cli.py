@@ -188,6 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     _pair_args(cc)
     cc.add_argument("--repeats", type=int, default=4, help="interleaved rounds per point (the median is kept)")
 
+    rp = sub.add_parser("reproduce", help="measure every seed paper's headline claim on one pair: REPORT.md with "
+                        "paired-bootstrap intervals and verdicts, claims.json and figures", formatter_class=DEFAULTS)
+    rp.add_argument("--out", default="reproduce-out", help="folder for the report and each experiment's bench run")
+    rp.add_argument("--quick", action="store_true", help="3 prompts per experiment and 32-token outputs (minutes; "
+                    "wide intervals) instead of the full run (over an hour on a 2-core CPU)")
+    rp.add_argument("--claims", action="append", default=None, metavar="NAMES",
+                    help="only these claims: papers (mtad, mjsd, theory, dsbd, mcsd) or claim ids, comma-separated; "
+                    "repeatable (default: all)")
+    rp.add_argument("--resume", action="store_true", help="continue a report in --out (finished work is kept)")
+    rp.add_argument("--force", action="store_true", help="start again, removing an earlier report's runs in --out")
+    rp.add_argument("--device-curve", default=None, metavar="FILE",
+                    help="a `multispec cost-curve` file of another device: adds a section projecting each method's "
+                    "speed-up there from the block efficiencies measured here (a projection, not a measurement)")
+    _pair_args(rp)
+
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -460,6 +475,27 @@ def cmd_cost_curve(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from .reproduce import reproduce, select
+    from .reproduce.report import verdict_table
+
+    claims = [c.strip() for item in args.claims or [] for c in item.split(",") if c.strip()] or None
+    select(claims)  # unknown names fail before the models load
+    if args.device_curve is not None:
+        from .models.cost import read_cost_curves
+
+        read_cost_curves(args.device_curve)
+    from .api import load_pair
+
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    data = reproduce(pair.target, pair.draft, args.out, quick=args.quick, claims=claims, resume=args.resume,
+                     force=args.force, device_curve=args.device_curve, models=pair.description,
+                     command="multispec " + " ".join(args.argv))
+    print("\n".join(verdict_table(data)))
+    print(f"\nwrote {args.out}/REPORT.md, {args.out}/claims.json and the figures")
+    return 0
+
+
 def cmd_tune(args) -> int:
     from . import bench
     from .tune import table, tune, write_plan
@@ -525,7 +561,8 @@ def cmd_check(args) -> int:
 
 
 COMMANDS = {"methods": cmd_methods, "generate": cmd_generate, "check": cmd_check, "theory": cmd_theory,
-            "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve, "cost-curve": cmd_cost_curve}
+            "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve, "cost-curve": cmd_cost_curve,
+            "reproduce": cmd_reproduce}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -33,6 +34,7 @@ class ModelRunner:
         self.committed = 0  # committed tokens held in the cache
         self.tentative = 0  # proposed entries after them
         self.calls = 0
+        self.fed: Counter[int] = Counter()  # forwards by the tokens they fed (rows x tokens per row)
         self.seconds = 0.0  # in forwards, one-time compiles included
         self.one_time = 0.0  # of which: compiling forwards for new shapes
         self._compiled_seen = getattr(model, "compile_seconds", 0.0)
@@ -91,6 +93,7 @@ class ModelRunner:
         )
         self._timed(t0)
         self.calls += 1
+        self.fed[inputs.numel()] += 1
         self.committed += len(pending)
         self.tentative += n_extra
         return logits[0]
@@ -122,6 +125,7 @@ class ModelRunner:
         logits = self.model.forward(self.cache, inputs, logits_to_keep=depth + 1)  # [K, depth + 1, V]
         self._timed(t0)
         self.calls += 1
+        self.fed[inputs.numel()] += 1
         self.committed += len(pending)
         self.tentative = tree.size
         self.tree, self.paths = tree, paths
@@ -183,6 +187,7 @@ class ModelRunner:
                                     logits_to_keep=width + (1 if n_pending else 0))
         self._timed(t0)
         self.calls += 1
+        self.fed[tokens.numel()] += 1
         self.committed = length
         self.tentative += width
         return logits
