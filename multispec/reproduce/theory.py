@@ -102,8 +102,13 @@ def bridge(out: Path, s: dict, target, draft, prompts, say) -> dict:
                 continue
             say(f"theory: bridge prompt {i + 1}/{len(prompts)}")
             ids = target.encode(p.text, chat=True)
-            (row,) = predict_and_measure(target, draft, [ids], gamma=s["gamma"], max_new_tokens=s["bridge_tokens"],
-                                         sampling=Sampling(s["temperature"]), seed=s["seed"] + i)
+            try:
+                (row,) = predict_and_measure(target, draft, [ids], gamma=s["gamma"],
+                                             max_new_tokens=s["bridge_tokens"], sampling=Sampling(s["temperature"]),
+                                             seed=s["seed"] + i)
+            except ValueError as e:  # a prompt the models cannot take (too long): the others still count
+                say(f"theory: bridge prompt {p.id} skipped: {e}")
+                continue
             r = {"prompt_id": p.id, "settings": key, **row.__dict__}
             rows.append(r)
             log.write(json.dumps(r) + "\n")
