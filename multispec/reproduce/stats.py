@@ -73,10 +73,6 @@ def mean_ratio(a, b) -> float:
     return a.mean() / b.mean()
 
 
-def mean(a) -> float:
-    return a.mean()
-
-
 # -- verdicts -------------------------------------------------------------------------------------
 
 REPRODUCED, DIRECTION, NOT = "reproduced", "direction only", "not reproduced"
