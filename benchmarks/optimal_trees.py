@@ -83,7 +83,6 @@ def run(args) -> None:
         methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "replacement": False})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
         methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
-        methods["ar (beside hf)"] = ("ar", {})  # ar again, in the process that measured hf
         for label, (method, params) in methods.items():
             extra = {k: v for k, v in params.items() if k.startswith("_")}
             params = {k: v for k, v in params.items() if not k.startswith("_")}
