@@ -35,7 +35,7 @@ def tree_iteration(s: Session, proposer: BeamDraft, gamma: int) -> list[int]:
 
 def rows_iteration(s: Session, width: int, gamma: int) -> list[int]:
     runner, model = s.draft_runner(), s.draft_model
-    logits = runner.feed(s.tokens)[-1:]  # [1, V]: the root, on one cache row
+    logits = runner.feed([s.tokens])[0, -1:]  # [1, V]: the root, on one cache row
     base = runner.committed
     paths, scores, rows = [[]], torch.zeros(1, dtype=torch.float64), None
     for depth in range(1, gamma + 1):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import multispec
-from multispec.engine import ModelRunner
+from multispec.engine import Entries, ModelRunner
 
 SHAPES = [(1, 0), (2, 0), (3, 0), (4, 0), (1, 3), (1, 9), (3, 3), (3, 9)]  # (rows, entries per row)
 CONTEXTS = [200, 700]
@@ -25,12 +25,12 @@ CONTEXTS = [200, 700]
 
 def forward_seconds(model, context: list[int], rows: int, entries: int) -> float:
     runner = ModelRunner(model)
-    runner.feed(context)
-    runner.commit_rows(len(context), [0] * rows, [[] for _ in range(rows)])
+    runner.feed([context])
+    runner.commit(len(context), sources=[0] * rows)
     chain = [(1000 + i, i + 1, tuple(range(i))) for i in range(entries)]
     grown = context + [7]
     start = time.perf_counter()
-    runner.feed_rows([grown] * rows, [chain] * rows if entries else None)
+    runner.feed([grown] * rows, Entries.lists([chain] * rows, 0) if entries else None)
     return time.perf_counter() - start
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import multispec
-from multispec.engine import ModelRunner
+from multispec.engine import Entries, ModelRunner
 from multispec.trees import TokenTree
 
 SIZES = list(range(0, 17)) + [20, 24, 28, 32]  # tree nodes, scored with the one pending committed token
@@ -38,16 +38,16 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         model = multispec.api.load_model(None, dtype=dtype)
         runner = ModelRunner(model)
-        runner.feed(prompt)  # the cache holds the prompt but its last token
+        runner.feed([prompt])  # the cache holds the prompt but its last token
         base = runner.committed
         times = {k: [] for k in SIZES}
         for _ in range(args.rounds):
             for k in SIZES:
                 tree = tree_of(k)
                 start = time.perf_counter()
-                runner.feed(prompt + [5], torch.full((k,), 7), tree=tree)
+                runner.feed([prompt + [5]], Entries.tree(tree, torch.full((k,), 7)) if k else None)
                 times[k].append(time.perf_counter() - start)
-                runner.commit(base + 1, [])
+                runner.commit(base + 1)
                 model.crop(runner.cache, base)
                 runner.committed = base
         med = {k: float(np.median(v)) for k, v in times.items()}

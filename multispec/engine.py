@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -27,20 +28,81 @@ from .verify.verdict import Verdict
 from .warp import Sampling
 
 
+@dataclass(frozen=True)
+class Entries:
+    """New tentative entries for one forward: S per cache row (B rows).
+
+    tokens: [B, S] long.
+    depth:  [B, S] long, >= 1: an entry's position is its row's committed length - 1 + depth.
+    sees:   [B, S, T + S] bool: besides every committed token, the tentative entries each one attends to: the
+            T the cache held before the call, then these S; itself included.
+    `depth` and `sees` None: each row's entries continue the chain of its tentative entries (a causal mask,
+    which the forward needs no mask tensor for).
+    """
+
+    tokens: torch.Tensor
+    depth: torch.Tensor | None = None
+    sees: torch.Tensor | None = None
+
+    @property
+    def is_chain(self) -> bool:
+        return self.sees is None
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor | list[int]) -> Entries:
+        """Tokens [S] (one row) or [B, S] that continue each row's chain."""
+        t = torch.as_tensor(tokens, dtype=torch.long).cpu()
+        return cls(t.reshape(1, -1) if t.dim() < 2 else t)
+
+    @classmethod
+    def tree(cls, tree: TokenTree, tokens: torch.Tensor, nodes: slice | None = None) -> Entries:
+        """The nodes `nodes` (default all) of `tree` in one row, their `tokens` [len(nodes)]; the tentative
+        entries before them must be the tree's earlier nodes, in node order."""
+        nodes = nodes or slice(0, tree.size)
+        t = torch.as_tensor(tokens, dtype=torch.long).cpu().reshape(1, -1)
+        if tree.is_chain:
+            return cls(t)
+        return cls(t, tree.depth[nodes][None], tree.visible[nodes, : nodes.stop][None])
+
+    @classmethod
+    def lists(cls, rows: list[list[tuple[int, int, tuple[int, ...]]]], tentative: int) -> Entries:
+        """Per row, entries (token, depth, seen): `seen` are the row's tentative offsets it attends to besides
+        itself (entries cached before, or earlier in its list); entry i of a row gets the offset
+        `tentative + i`. Shorter rows are padded with entries at depth 1 that see no tentative entry."""
+        width = max(len(r) for r in rows)
+        b = len(rows)
+        tokens = torch.zeros(b, width, dtype=torch.long)
+        depth = torch.ones(b, width, dtype=torch.long)
+        sees = torch.zeros(b, width, tentative + width, dtype=torch.bool)
+        sees[:, :, tentative:] = torch.eye(width, dtype=torch.bool)
+        for r, row in enumerate(rows):
+            for i, (token, d, seen) in enumerate(row):
+                tokens[r, i], depth[r, i] = token, d
+                if seen:
+                    sees[r, i, list(seen)] = True
+        return cls(tokens, depth, sees)
+
+
 class ModelRunner:
+    """One model's KV cache, in `rows` cache rows (one per hypothesis), and what it holds: `committed` tokens of
+    every row, then `tentative` entries (proposed nodes not yet verified). `feed` scores new tokens in one
+    forward; `commit` keeps the accepted entries (and chooses, repeats or reorders rows) and drops the rest."""
+
     def __init__(self, model: LanguageModel):
         self.model = model
         self.cache = model.new_cache()
         self.committed = 0  # committed tokens held in the cache
         self.tentative = 0  # proposed entries after them
+        self.rows = 1  # cache rows, one per hypothesis
         self.calls = 0
         self.fed: Counter[int] = Counter()  # forwards by the tokens they fed (rows x tokens per row)
         self.seconds = 0.0  # in forwards, one-time compiles included
         self.one_time = 0.0  # of which: compiling forwards for new shapes
         self._compiled_seen = getattr(model, "compile_seconds", 0.0)
-        self.tree: TokenTree | None = None  # the tree the tentative entries belong to (None: a chain)
-        self.paths: list[list[int]] | None = None  # with `feed_paths`: the path each cache row holds
-        self.rows = 1  # cache rows, one per hypothesis (`feed_rows` / `commit_rows`)
+        # the tentative entries' depths [B, T] and visibility among themselves [B, T, T]; None while they form
+        # one chain in every row
+        self._depth: torch.Tensor | None = None
+        self._sees: torch.Tensor | None = None
 
     def _timed(self, t0: float) -> None:
         self.seconds += time.perf_counter() - t0
@@ -48,194 +110,122 @@ class ModelRunner:
         self.one_time += compiled - self._compiled_seen
         self._compiled_seen = compiled
 
-    def feed(
-        self,
-        tokens: list[int],
-        extra: torch.Tensor | None = None,
-        tree: TokenTree | None = None,
-        nodes: slice | None = None,
-    ) -> torch.Tensor:
-        """One forward over the uncached committed tokens, then `extra` proposed tokens.
+    def feed(self, rows: list[list[int]], entries: Entries | None = None) -> torch.Tensor:
+        """One forward over every cache row: row b's uncached committed tokens (rows[b] is its committed
+        sequence; all of one length), then its new `entries`.
 
-        Without `tree`, the extras continue the chain of tentative entries. With `tree`, the extras are
-        the tree's nodes `nodes` (default: all), and every earlier tentative entry must be the tree's
-        nodes before them: each node then sees the committed tokens, its ancestors and itself.
-        Returns logits [k, V]: one row after the last committed token if any were pending, then one per
-        extra token.
+        Returns logits [B, k + S, V]: when committed tokens were pending (k = 1), the distribution after each
+        row's last committed token, then one row per entry.
         """
-        pending = tokens[self.committed :]
-        if (pending and self.tentative) or self.paths is not None:
-            raise RuntimeError("committed tokens cannot be fed after tentative entries; commit first")
-        if self.rows != 1:
-            raise RuntimeError(f"the cache holds {self.rows} hypotheses: use feed_rows")
-        n_extra = 0 if extra is None else extra.shape[-1]
-        device = self.model.device
-        parts = [torch.tensor(pending, dtype=torch.long, device=device)] if pending else []
-        if n_extra:
-            parts.append(extra.to(device=device, dtype=torch.long).reshape(-1))
-        inputs = torch.cat(parts)[None]
-        past = self.committed + self.tentative
-        positions = torch.arange(past, past + inputs.shape[1], device=device)
-        mask = None
-        if tree is not None and n_extra:
-            nodes = nodes or slice(0, tree.size)
-            start = nodes.start or 0
-            if start != self.tentative:
-                raise RuntimeError(f"tree nodes from {start} fed with {self.tentative} tentative entries cached")
-            if not tree.is_chain:
-                committed_len = len(tokens)
-                positions[len(pending) :] = committed_len - 1 + tree.depth[nodes].to(device)
-                mask = _tree_mask(len(pending), self.committed, tree.visible[nodes, : nodes.stop].to(device))
-            self.tree = tree
-        t0 = time.perf_counter()
-        logits = self.model.forward(
-            self.cache, inputs, positions[None], mask, logits_to_keep=n_extra + (1 if pending else 0)
-        )
-        self._timed(t0)
-        self.calls += 1
-        self.fed[inputs.numel()] += 1
-        self.committed += len(pending)
-        self.tentative += n_extra
-        return logits[0]
-
-    def feed_paths(self, tokens: list[int], extra: torch.Tensor, tree: TokenTree) -> torch.Tensor:
-        """Score a tree without tree attention (MCSD §3.11): the cache is copied once per root-to-leaf
-        path and each batch row feeds the uncached committed tokens and its path. Same rows as
-        `feed(tokens, extra, tree=tree)` - [1 + N, V], row 0 the root, row 1 + g node g - at the cost of
-        K copies of the cache and K times the work."""
-        pending = tokens[self.committed :]
-        if self.tentative or self.paths is not None or not pending:
-            raise RuntimeError("feed_paths needs a committed state with the last committed token uncached")
-        paths = [tree.path(leaf) for leaf in tree.leaves()]
-        depth = len(paths[0])
-        if any(len(p) != depth for p in paths):
-            raise ValueError("feed_paths needs every leaf at the same depth")
-        device = self.model.device
-        extra = extra.to(device=device, dtype=torch.long)
-        inputs = torch.cat([torch.tensor(pending, dtype=torch.long, device=device).expand(len(paths), -1),
-                            extra[torch.tensor(paths, device=device)]], 1)
-        row_of = {}  # node -> the first path (cache row) holding it
-        for r, path in enumerate(paths):
-            for g in path:
-                row_of.setdefault(g, r)
-        rows = torch.tensor([0] + [row_of[g] for g in range(tree.size)], device=device)
-        cols = torch.tensor([0] + tree.depth.tolist(), device=device)
-        t0 = time.perf_counter()
-        self.model.select_rows(self.cache, torch.zeros(len(paths), dtype=torch.long))
-        logits = self.model.forward(self.cache, inputs, logits_to_keep=depth + 1)  # [K, depth + 1, V]
-        self._timed(t0)
-        self.calls += 1
-        self.fed[inputs.numel()] += 1
-        self.committed += len(pending)
-        self.tentative = tree.size
-        self.tree, self.paths = tree, paths
-        return logits[rows, cols]
-
-    # -- several hypotheses, one cache row each ------------------------------------------------
-    def feed_rows(self, rows: list[list[int]], entries: list[list[tuple[int, int, tuple[int, ...]]]] | None = None
-                  ) -> torch.Tensor:
-        """One forward over every cache row, row b holding hypothesis b.
-
-        rows:    each hypothesis' committed tokens, all of one length; each row's uncached ones are fed first
-                 (the same number in every row).
-        entries: per row, new tentative entries (token, depth, seen): `seen` are the row's tentative offsets
-                 it attends to besides itself (its ancestors, fed earlier or earlier in this list). Entry i of
-                 a row gets the offset `tentative + i` (this runner's count before the call); its position is
-                 the row's length - 1 + depth. Shorter rows are padded with entries that see only committed
-                 tokens and are never kept.
-        Returns logits [B, k + S, V] (S the most entries per row): when tokens were pending (k = 1), the
-        distribution after each row's last committed token, then one per entry.
-        """
-        if len(rows) != self.rows or self.paths is not None:
+        if len(rows) != self.rows:
             raise RuntimeError(f"{len(rows)} hypotheses fed to a cache of {self.rows} rows")
         length = len(rows[0])
         if any(len(r) != length for r in rows):
             raise ValueError("hypotheses fed together must have one length")
         n_pending = length - self.committed
-        if n_pending < 0 or (n_pending and self.tentative):
+        if n_pending < 0:
+            raise RuntimeError(f"the cache holds {self.committed} committed tokens, more than the {length} given")
+        if n_pending and self.tentative:
             raise RuntimeError("committed tokens cannot be fed after tentative entries; commit first")
-        entries = entries or [[] for _ in rows]
-        width = max(len(e) for e in entries)
-        n = n_pending + width
+        s = 0 if entries is None else entries.tokens.shape[1]
+        if entries is not None:
+            if entries.tokens.shape[0] != len(rows):
+                raise ValueError(f"entries for {entries.tokens.shape[0]} rows fed with {len(rows)} hypotheses")
+            if entries.sees is not None and entries.sees.shape[-1] != self.tentative + s:
+                raise RuntimeError(f"entries that see {entries.sees.shape[-1] - s} tentative entries fed with "
+                                   f"{self.tentative} cached")
+            if entries.is_chain and self._sees is not None:
+                raise RuntimeError("a chain can only continue a chain of tentative entries")
+        n = n_pending + s
         if n == 0:
             raise RuntimeError("nothing to feed: every committed token is cached and no entries were given")
-        b_rows = len(rows)
-        tokens = torch.zeros(b_rows, n, dtype=torch.long)
-        positions = torch.empty(b_rows, n, dtype=torch.long)
-        positions[:, :n_pending] = torch.arange(self.committed, length)
-        positions[:, n_pending:] = length  # padding: one step past the row, seeing only its committed tokens
-        mask = None
-        if width:
-            past = self.committed + self.tentative
-            mask = torch.zeros(b_rows, n, past + n, dtype=torch.bool)
-            # keys: committed tokens at [0, length), tentative offset t at length + t
-            mask[:, :n_pending, : self.committed] = True
-            mask[:, :n_pending, self.committed : length] = torch.ones(n_pending, n_pending, dtype=torch.bool).tril()
-            mask[:, n_pending:, :length] = True
-            mask[:, n_pending:, length + self.tentative :] = torch.eye(width, dtype=torch.bool)  # itself
-        for b, (row, row_entries) in enumerate(zip(rows, entries, strict=True)):
-            tokens[b, :n_pending] = torch.tensor(row[self.committed :], dtype=torch.long)
-            for i, (token, depth, seen) in enumerate(row_entries):
-                tokens[b, n_pending + i] = token
-                positions[b, n_pending + i] = length - 1 + depth
-                if seen:
-                    mask[b, n_pending + i, [length + t for t in seen]] = True
+        parts, positions = [], []
+        if n_pending:
+            parts.append(torch.tensor([r[self.committed :] for r in rows], dtype=torch.long))
+            positions.append(torch.arange(self.committed, length).expand(len(rows), -1))
+        if s:
+            parts.append(entries.tokens)
+            depth = (self.tentative + 1 + torch.arange(s).expand(len(rows), -1) if entries.depth is None
+                     else entries.depth)
+            positions.append(length - 1 + depth)
         device = self.model.device
+        tokens = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        positions = torch.cat(positions, 1) if len(positions) > 1 else positions[0]
+        mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
         t0 = time.perf_counter()
         logits = self.model.forward(self.cache, tokens.to(device), positions.to(device),
                                     None if mask is None else mask.to(device),
-                                    logits_to_keep=width + (1 if n_pending else 0))
+                                    logits_to_keep=s + (1 if n_pending else 0))
         self._timed(t0)
         self.calls += 1
         self.fed[tokens.numel()] += 1
         self.committed = length
-        self.tentative += width
+        if s:
+            self._record(entries)
+        self.tentative += s
         return logits
 
-    def commit_rows(self, new_length: int, sources: list[int], kept: list[list[int]]) -> None:
-        """The hypotheses are now len(sources) rows of `new_length` committed tokens: new row r continues old
-        row sources[r] and keeps its tentative entries kept[r] (a path, depth order; one length for all),
-        which become committed; all other tentative entries are dropped. Several new rows may continue one
-        old row: each gets its own copy. The last committed token of every row stays uncached."""
+    def _record(self, entries: Entries) -> None:
+        """Extend the tentative entries' depths and visibility with `entries` (fed, not yet counted)."""
+        if entries.is_chain and self._sees is None:
+            return
+        b, s = entries.tokens.shape
+        t = self.tentative
+        old_depth, old_sees = self._depth, self._sees
+        if old_sees is None:  # a chain so far
+            old_depth = torch.arange(1, t + 1).expand(b, -1)
+            old_sees = torch.ones(t, t, dtype=torch.bool).tril().expand(b, -1, -1)
+        sees = torch.zeros(b, t + s, t + s, dtype=torch.bool)
+        sees[:, :t, :t] = old_sees
+        sees[:, t:] = entries.sees
+        self._depth = torch.cat([old_depth, entries.depth], 1)
+        self._sees = sees
+
+    def _is_path(self, row: int, kept: list[int]) -> bool:
+        """Whether the tentative entries `kept` of cache row `row` are a path from the committed tokens down."""
+        if any(not 0 <= k < self.tentative for k in kept):
+            return False
+        if self._sees is None:
+            return kept == list(range(len(kept)))
+        if not kept:
+            return True
+        # entries see their ancestors: an entry at depth i + 1 that sees one at depth i is its child
+        index = torch.tensor(kept)
+        return torch.equal(self._depth[row, index], torch.arange(1, len(kept) + 1)) and bool(
+            self._sees[row, index[1:], index[:-1]].all())
+
+    def commit(self, new_length: int, kept: list[list[int]] | None = None, sources: list[int] | None = None) -> None:
+        """The committed sequences are now `new_length` tokens long: new row r continues old row `sources[r]`
+        (default: the rows as they are; rows may repeat, reorder or be dropped, a repeated row is copied) and
+        keeps the tentative entries `kept[r]` of it (a path down what was fed, in depth order; one length for
+        every row; default: none), which become committed. Every other tentative entry is dropped. The last
+        committed token stays uncached: kept entries past `new_length - 1` are dropped too."""
+        sources = list(range(self.rows)) if sources is None else list(sources)
+        kept = [[] for _ in sources] if kept is None else [list(k) for k in kept]
         if not sources or len(kept) != len(sources):
-            raise ValueError("commit_rows needs one list of kept entries per new row")
+            raise ValueError("commit needs one list of kept entries per new row")
         if any(not 0 <= r < self.rows for r in sources):
             raise RuntimeError(f"rows {sources} do not all exist in a cache of {self.rows} rows")
-        if len({len(k) for k in kept}) != 1 or any(not 0 <= t < self.tentative for k in kept for t in k):
-            raise RuntimeError(f"cannot keep entries {kept}: paths of one length among {self.tentative} fed")
+        if len({len(k) for k in kept}) != 1:
+            raise RuntimeError(f"cannot keep entries {kept}: every row keeps a path of one length")
+        for r, k in zip(sources, kept, strict=True):
+            if not self._is_path(r, k):
+                raise RuntimeError(f"kept entries {k} are not a path down the {self.tentative} tentative entries fed")
         keep = max(0, min(len(kept[0]), new_length - 1 - self.committed))
-        self.model.select_rows(self.cache, torch.tensor(sources, dtype=torch.long))
+        kept = [k[:keep] for k in kept]
+        if sources != list(range(self.rows)):
+            self.model.select_rows(self.cache, torch.tensor(sources, dtype=torch.long))
         if self.tentative:
-            index = [list(range(self.committed)) + [self.committed + t for t in k[:keep]] for k in kept]
-            self.model.keep_positions(self.cache, torch.tensor(index, dtype=torch.long))
+            if all(k == list(range(keep)) for k in kept):
+                self.model.crop(self.cache, self.committed + keep)
+            else:
+                prefix = list(range(self.committed))
+                index = torch.tensor([prefix + [self.committed + t for t in k] for k in kept], dtype=torch.long)
+                self.model.keep_positions(self.cache, index[0] if len(kept) == 1 else index)
         self.committed += keep
         self.tentative = 0
         self.rows = len(sources)
-        self.tree = self.paths = None
-
-    def commit(self, new_length: int, kept: list[int]) -> None:
-        """The committed sequence is now `new_length` tokens long; `kept` (tentative offsets, a path down
-        the tree that was fed, in depth order) are the accepted entries, which become committed.
-        Everything else tentative is dropped. A kept entry that was never fed is an error."""
-        if any(not 0 <= k < self.tentative for k in kept):
-            raise RuntimeError(f"cannot keep entries {list(kept)}: only {self.tentative} were fed")
-        chain_path = self.tree is None and list(kept) == list(range(len(kept)))
-        if not chain_path and (self.tree is None or not self.tree.is_root_path(kept)):
-            raise RuntimeError(f"kept entries {list(kept)} are not a path down the fed tree")
-        # the last committed token stays uncached
-        kept = list(kept)[: max(0, new_length - 1 - self.committed)]
-        if self.paths is not None:
-            row = next((r for r, p in enumerate(self.paths) if p[: len(kept)] == kept), 0)
-            self.model.select_rows(self.cache, torch.tensor([row], dtype=torch.long))
-            self.model.crop(self.cache, self.committed + len(kept))
-        elif kept == list(range(len(kept))):
-            self.model.crop(self.cache, self.committed + len(kept))
-        else:
-            idx = list(range(self.committed)) + [self.committed + k for k in kept]
-            self.model.keep_positions(self.cache, torch.tensor(idx, dtype=torch.long))
-        self.committed += len(kept)
-        self.tentative = 0
-        self.tree = self.paths = None
+        self._depth = self._sees = None
 
 
 def _bump(counts: list[int], i: int) -> None:
@@ -243,17 +233,17 @@ def _bump(counts: list[int], i: int) -> None:
     counts[i] += 1
 
 
-def _tree_mask(n_pending: int, n_cached: int, visible: torch.Tensor) -> torch.Tensor:
-    """Bool mask [1, n_pending + E, n_cached + n_pending + T] for pending committed rows (causal) followed
-    by E tree rows that see every committed token and `visible` ([E, T]) among the tentative entries."""
-    n_extra, n_tent = visible.shape
+def _mask(n_pending: int, n_cached: int, sees: torch.Tensor) -> torch.Tensor:
+    """Bool mask [B, n_pending + S, n_cached + n_pending + T + S]: pending committed tokens see the committed
+    ones causally; each entry sees every committed token and the tentative entries `sees` [B, S, T + S] marks."""
+    b, s, tentative = sees.shape
     committed = n_cached + n_pending
-    mask = torch.zeros(n_pending + n_extra, committed + n_tent, dtype=torch.bool, device=visible.device)
+    mask = torch.zeros(b, n_pending + s, committed + tentative, dtype=torch.bool)
     if n_pending:
-        mask[:n_pending, :committed] = torch.ones(n_pending, committed, dtype=torch.bool).tril(n_cached)
-    mask[n_pending:, :committed] = True
-    mask[n_pending:, committed:] = visible
-    return mask[None]
+        mask[:, :n_pending, :committed] = torch.ones(n_pending, committed, dtype=torch.bool).tril(n_cached)
+    mask[:, n_pending:, :committed] = True
+    mask[:, n_pending:, committed:] = sees
+    return mask
 
 
 class Session:
@@ -328,19 +318,26 @@ class Session:
             self.draft = ModelRunner(self.draft_model)
         return self.draft
 
-    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None) -> None:
+    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None,
+               paths: list[list[int]] | None = None) -> None:
         """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
         commit the target's cache to the accepted path (the drafter commits its own on `accept`).
         `drafted`: draft positions this iteration (for the acceptance rate); `nodes`: proposed nodes, when a
         tree holds more than `drafted`; `depth`: the proposal's depth when it differs from `drafted`
-        (several chains)."""
+        (several chains); `paths`: the tree's path each target cache row holds, when it was scored one row per
+        path."""
         self.append(verdict.new_tokens)
         self.count(len(verdict.accepted), verdict.rejected, drafted, nodes, depth)
         # accepted nodes the target never scored (its last draft when no bonus token is asked for) stay
         # committed but uncached and are fed with the next step
         runner = self.target
-        cached = list(itertools.takewhile(lambda g: g < runner.tentative, verdict.accepted))
-        runner.commit(len(self.tokens), cached)
+        if paths is None:
+            cached = list(itertools.takewhile(lambda g: g < runner.tentative, verdict.accepted))
+            runner.commit(len(self.tokens), [cached])
+        else:  # one cache row per path: keep the row that holds the accepted path
+            accepted = list(verdict.accepted)
+            row = next(r for r, path in enumerate(paths) if path[: len(accepted)] == accepted)
+            runner.commit(len(self.tokens), [list(range(len(accepted)))], sources=[row])
 
     def count(self, accepted: int, rejected: bool, drafted: int = 0, nodes: int | None = None,
               depth: int | None = None) -> None:

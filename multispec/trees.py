@@ -79,12 +79,7 @@ class TokenTree:
         if total > MAX_TREE_NODES:
             raise ValueError(f"the k-config {'x'.join(map(str, branching))} has {total} nodes, above the "
                              f"limit of {MAX_TREE_NODES}")
-        parents, first, width = [], -1, 1  # `first`: index of the first node of the previous depth
-        for k in branching:
-            parents += [-1 if first < 0 else first + i // k for i in range(width * k)]
-            first = len(parents) - width * k
-            width *= k
-        return cls.from_parents(parents)
+        return _full_tree(branching)
 
     @classmethod
     def canonical(cls, parents: list[int]) -> TokenTree:
@@ -175,6 +170,17 @@ class TokenTree:
                 return False
             parent = g
         return True
+
+
+@functools.lru_cache(maxsize=256)
+def _full_tree(branching: tuple[int, ...]) -> TokenTree:
+    # trees are immutable, and a tree method asks for the same k-config every call and every iteration
+    parents, first, width = [], -1, 1  # `first`: index of the first node of the previous depth
+    for k in branching:
+        parents += [-1 if first < 0 else first + i // k for i in range(width * k)]
+        first = len(parents) - width * k
+        width *= k
+    return TokenTree.from_parents(parents)
 
 
 @functools.lru_cache(maxsize=64)

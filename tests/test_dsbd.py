@@ -10,7 +10,7 @@ import multispec.verify.beam
 from multispec import generate
 from multispec.check import check_method
 from multispec.drafting import ForestDraft, setup_of
-from multispec.engine import Hypotheses, ModelRunner, Session
+from multispec.engine import Entries, Hypotheses, ModelRunner, Session
 from multispec.models.markov import HistoryLM, MarkovLM, random_markov_pair
 from multispec.warp import Sampling
 from tests.wrong_rules import reversed_ratio_layer_verify
@@ -21,21 +21,21 @@ from tests.wrong_rules import reversed_ratio_layer_verify
 def test_rows_fed_as_forests_and_committed_per_row_match_fresh_contexts():
     model = HistoryLM(5, seed=1, max_length=20)  # reads its context through the mask: a wrong one raises
     runner = ModelRunner(model)
-    runner.feed_rows([[0, 1]])
-    runner.commit_rows(3, [0, 0], [[], []])  # two hypotheses from one, each with a new token 2
+    runner.feed([[0, 1]])
+    runner.commit(3, sources=[0, 0])  # two hypotheses from one, each with a new token 2
     rows = [[0, 1, 2], [0, 1, 2]]
     # row 0: a chain 3 -> 4; row 1: two children 1 and 2 of the root, then 0 under the second
     entries = [[(3, 1, ()), (4, 2, (0,))], [(1, 1, ()), (2, 1, ()), (0, 2, (1,))]]
-    out = runner.feed_rows(rows, entries)  # [2, 1 + 3, V]
+    out = runner.feed(rows, Entries.lists(entries, runner.tentative))  # [2, 1 + 3, V]
     assert out.shape[:2] == (2, 4)
     expect = {(0, 1): [0, 1, 2, 3], (0, 2): [0, 1, 2, 3, 4], (1, 1): [0, 1, 2, 1], (1, 2): [0, 1, 2, 2],
               (1, 3): [0, 1, 2, 2, 0]}
     for (b, i), context in expect.items():
         assert torch.allclose(out[b, i], model.row(tuple(context)).log())
     # three new rows: row 1's path (1, 2) -> [0,1,2,2,0] twice, row 0's path (0, 1) -> [0,1,2,3,4]
-    runner.commit_rows(6, [1, 1, 0], [[1, 2], [1, 2], [0, 1]])
+    runner.commit(6, [[1, 2], [1, 2], [0, 1]], sources=[1, 1, 0])
     rows = [[0, 1, 2, 2, 0, 4], [0, 1, 2, 2, 0, 1], [0, 1, 2, 3, 4, 0]]
-    out = runner.feed_rows(rows)[:, -1]
+    out = runner.feed(rows)[:, -1]
     for b, row in enumerate(rows):
         assert torch.allclose(out[b], model.row(tuple(row)).log())
 
@@ -45,11 +45,11 @@ def test_forest_logits_on_a_tiny_llama_equal_each_path_fed_alone():
 
     model = tiny_llama(seed=4)
     runner = ModelRunner(model)
-    runner.feed_rows([[5, 6, 7]])
-    runner.commit_rows(4, [0, 0], [[], []])
+    runner.feed([[5, 6, 7]])
+    runner.commit(4, sources=[0, 0])
     rows = [[5, 6, 7, 9], [5, 6, 7, 11]]  # each row with its own uncached token
     entries = [[(1, 1, ()), (2, 1, ()), (3, 2, (1,))], [(4, 1, ())]]
-    out = runner.feed_rows(rows, entries)
+    out = runner.feed(rows, Entries.lists(entries, runner.tentative))
     for b, i, path in [(0, 1, [1]), (0, 2, [2]), (0, 3, [2, 3]), (1, 1, [4])]:
         alone = model.forward(model.new_cache(), torch.tensor([rows[b] + path]))[0, -1]
         assert torch.allclose(out[b, i], alone, atol=1e-4)

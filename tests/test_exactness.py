@@ -61,20 +61,20 @@ def test_exact_methods_pass_on_full_history_models(method, params):
 def test_a_wrong_tree_mask_fails_on_full_history_models(monkeypatch):
     from multispec import engine
 
-    right = engine._tree_mask
+    right = engine._mask
 
-    def other_chains_ancestors(n_pending, n_cached, visible):
+    def other_chains_ancestors(n_pending, n_cached, sees):
         # known-wrong mask for two chains (node (d, m) at 2 (d - 1) + m): each node sees the other chain's
         # tokens where its own ancestors are (one token per position, so the model accepts it)
-        n_rows, n_cols = visible.shape
-        wrong = torch.zeros_like(visible)
+        _, n_rows, n_cols = sees.shape
+        wrong = torch.zeros_like(sees)
         for r in range(n_rows):
             g = n_cols - n_rows + r
-            for h in visible[r].nonzero().flatten().tolist():
-                wrong[r, h if h == g else h ^ 1] = True
+            for h in sees[0, r].nonzero().flatten().tolist():
+                wrong[0, r, h if h == g else h ^ 1] = True
         return right(n_pending, n_cached, wrong)
 
-    monkeypatch.setattr(engine, "_tree_mask", other_chains_ancestors)
+    monkeypatch.setattr(engine, "_mask", other_chains_ancestors)
     report = check_method("batch-sd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history",
                           drafts=2, gamma=2)
     assert not report.passed

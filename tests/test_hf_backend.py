@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from multispec import generate
-from multispec.engine import ModelRunner
+from multispec.engine import Entries, ModelRunner
 from multispec.trees import TokenTree
 from tests.conftest import tiny_llama
 
@@ -24,8 +24,8 @@ def test_tree_masked_forward_equals_each_path(parents):
     tokens = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(len(parents)))
     runner = ModelRunner(model)
     committed = list(PROMPT)
-    runner.feed(committed[:-1])  # a cache already holding part of the committed sequence
-    logits = runner.feed(committed, tokens, tree=tree)
+    runner.feed([committed[:-1]])  # a cache already holding part of the committed sequence
+    logits = runner.feed([committed], Entries.tree(tree, tokens))[0]
     assert logits.shape == (1 + tree.size, 64)
     assert torch.allclose(logits[0], full_logits(model, committed)[-1], atol=1e-4)
     for g in range(tree.size):
@@ -40,9 +40,9 @@ def test_tree_fed_level_by_level_equals_paths():
     tree = TokenTree.from_parents([-1, -1, 0, 0, 1, 1, 2, 5])
     tokens = torch.arange(10, 10 + tree.size)
     runner = ModelRunner(model)
-    first = runner.feed(PROMPT, tokens[:2], tree=tree, nodes=slice(0, 2))
-    second = runner.feed(PROMPT, tokens[2:6], tree=tree, nodes=slice(2, 6))
-    third = runner.feed(PROMPT, tokens[6:], tree=tree, nodes=slice(6, 8))
+    first = runner.feed([PROMPT], Entries.tree(tree, tokens[:2], slice(0, 2)))[0]
+    second = runner.feed([PROMPT], Entries.tree(tree, tokens[2:6], slice(2, 6)))[0]
+    third = runner.feed([PROMPT], Entries.tree(tree, tokens[6:], slice(6, 8)))[0]
     rows = torch.cat([first[1:], second, third])
     for g in range(tree.size):
         ref = full_logits(model, PROMPT + tokens[tree.path(g)].tolist())[-1]
@@ -54,18 +54,18 @@ def test_compacted_cache_equals_linear_cache():
     tree = TokenTree.from_parents([-1, -1, 0, 1, 1, 4])
     tokens = torch.tensor([7, 9, 13, 21, 22, 30])
     runner = ModelRunner(model)
-    runner.feed(PROMPT, tokens, tree=tree)
+    runner.feed([PROMPT], Entries.tree(tree, tokens))
     accepted = tree.path(5)  # nodes 1, 4, 5
     endpoint = 33
     committed = PROMPT + tokens[accepted].tolist() + [endpoint]
-    runner.commit(len(committed), accepted)
+    runner.commit(len(committed), [accepted])
     linear = ModelRunner(model)
-    linear.feed(committed[:-1])
+    linear.feed([committed[:-1]])
     for (ka, va), (kb, vb) in zip(runner.cache.held(), linear.cache.held(), strict=True):
         assert ka.shape == kb.shape
         assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
     # and the next step from the compacted cache is the linear one
-    assert torch.allclose(runner.feed(committed)[-1], full_logits(model, committed)[-1], atol=1e-4)
+    assert torch.allclose(runner.feed([committed])[0, -1], full_logits(model, committed)[-1], atol=1e-4)
 
 
 def test_select_rows_reorders_beams():

@@ -9,7 +9,7 @@ from multispec.check import check_method
 from multispec.decoding import get_method
 from multispec.decoding.tree import decode_mcsd
 from multispec.drafting import DraftTree, setup_of
-from multispec.engine import ModelRunner, Session
+from multispec.engine import Entries, ModelRunner, Session
 from multispec.models.markov import random_markov_pair
 from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
 from multispec.verify import Verdict
@@ -63,13 +63,16 @@ def test_more_candidates_than_the_warped_support_are_padding():
 def test_runner_refuses_to_keep_an_entry_never_fed():
     model = tiny_llama()
     runner = ModelRunner(model)
-    runner.feed(PROMPT, torch.tensor([1, 2]))  # a chain of two tentative entries
+    runner.feed([PROMPT], Entries.chain([1, 2]))  # a chain of two tentative entries
     with pytest.raises(RuntimeError, match="fed"):
-        runner.commit(len(PROMPT) + 3, [0, 1, 2])
+        runner.commit(len(PROMPT) + 3, [[0, 1, 2]])
     runner = ModelRunner(model)
-    runner.feed(PROMPT, torch.tensor([1, 2, 3]), tree=TokenTree.from_branching([3]))
+    runner.feed([PROMPT], Entries.tree(TokenTree.from_branching([3]), torch.tensor([1, 2, 3])))
     with pytest.raises(RuntimeError, match="path"):
-        runner.commit(len(PROMPT) + 3, [0, 1])  # siblings are not a path
+        runner.commit(len(PROMPT) + 3, [[0, 1]])  # siblings are not a path
+    with pytest.raises(RuntimeError, match="chain"):
+        runner.feed([PROMPT], Entries.chain([4]))  # a causal chain after siblings would see both
+    runner.commit(len(PROMPT) + 2, [[1]])  # one sibling is a path
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -90,8 +93,8 @@ def test_tree_masked_logits_equal_each_path(family):
     tree = TokenTree.from_branching([2, 2, 1])
     tokens = torch.randint(0, 64, (tree.size,), generator=torch.Generator().manual_seed(0))
     runner = ModelRunner(model)
-    runner.feed(PROMPT[:-1])
-    logits = runner.feed(PROMPT, tokens, tree=tree)
+    runner.feed([PROMPT[:-1]])
+    logits = runner.feed([PROMPT], Entries.tree(tree, tokens))[0]
     for g in range(tree.size):
         with torch.no_grad():
             ref = model.model(torch.tensor([PROMPT + tokens[tree.path(g)].tolist()])).logits[0, -1].float()
@@ -137,7 +140,7 @@ def test_mcsd_continues_from_its_compacted_cache():
     for runner, m in ((s.target, model), (s.draft, draft)):
         with torch.no_grad():
             ref = m.model(torch.tensor([s.tokens])).logits[0, -1].float()
-        assert torch.allclose(runner.feed(s.tokens)[-1], ref, atol=1e-4)
+        assert torch.allclose(runner.feed([s.tokens])[0, -1], ref, atol=1e-4)
 
 
 def session(prompt=(0,), budget=10, eos=None):
@@ -149,7 +152,7 @@ def session(prompt=(0,), budget=10, eos=None):
 def test_commit_cuts_at_an_eos_inside_the_accepted_path():
     s = session(eos=3)
     tree = TokenTree.from_branching([2, 1, 1])
-    s.target.feed(s.tokens, torch.tensor([1, 2, 3, 4, 5, 0]), tree=tree)
+    s.target.feed([s.tokens], Entries.tree(tree, torch.tensor([1, 2, 3, 4, 5, 0])))
     s.commit(Verdict((1, 3, 5), (2, 3, 0), 4, False), drafted=3)  # EOS is the second accepted token
     assert s.new_tokens == [2, 3] and s.stopped == "eos"
     assert s.counters["accepted"] == 3 and s.counters["iterations"] == 1
@@ -159,7 +162,7 @@ def test_commit_cuts_at_an_eos_inside_the_accepted_path():
 def test_commit_cuts_at_the_budget_inside_the_accepted_path():
     s = session(budget=2)
     tree = TokenTree.from_branching([1, 1, 1])
-    s.target.feed(s.tokens, torch.tensor([1, 2, 4]), tree=tree)
+    s.target.feed([s.tokens], Entries.tree(tree, torch.tensor([1, 2, 4])))
     s.commit(Verdict((0, 1, 2), (1, 2, 4), 5, False), drafted=3)
     assert s.new_tokens == [1, 2] and s.stopped == "length"
     assert s.target.committed == 2  # prompt + the first draft; the last uncached
@@ -177,7 +180,7 @@ def test_a_model_drafter_keeps_the_accepted_nodes_it_fed_and_drops_the_rest():
     drafter.accept(verdict)
     assert s.draft.committed == 1 + 2 and s.draft.tentative == 0  # prompt + both accepted nodes
     fresh = s.draft_model.forward(s.draft_model.new_cache(), torch.tensor([s.tokens]))[0, -1]
-    assert torch.allclose(s.draft.feed(s.tokens)[-1], fresh, atol=1e-6)
+    assert torch.allclose(s.draft.feed([s.tokens])[0, -1], fresh, atol=1e-6)
 
 
 @pytest.mark.parametrize("method, params, sampling", [

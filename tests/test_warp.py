@@ -50,3 +50,29 @@ def test_half_precision_logits_give_float32_probs():
 def test_bad_settings_name_the_value(kwargs, word):
     with pytest.raises(ValueError, match=word):
         Sampling(**kwargs)
+
+
+def test_categorical_draws_follow_the_weights_and_never_a_zero_weight():
+    from multispec.warp import categorical
+
+    weights = torch.tensor([0.1, 0.0, 0.5, 0.15, 0.25, 0.0])
+    g = torch.Generator().manual_seed(0)
+    n = 200_000
+    draws = categorical(weights.expand(n, -1), g)
+    assert draws.shape == (n,)
+    freq = torch.bincount(draws, minlength=6).double() / n
+    assert freq[1] == 0 and freq[5] == 0
+    sigma = (weights.double() * (1 - weights.double()) / n).sqrt()
+    assert ((freq - weights.double()).abs() <= 5 * sigma + 1e-12).all(), freq
+    # unnormalised weights, batch shape kept
+    assert categorical(torch.tensor([[[0.0, 3.0]], [[2.0, 0.0]]]), g).tolist() == [[1], [0]]
+
+
+def test_categorical_at_the_top_of_the_uniform_takes_the_last_positive_weight(monkeypatch):
+    from multispec import warp
+
+    top = 1 - 2.0**-53  # the largest float64 below 1: u * total may round up to the total
+    monkeypatch.setattr(warp.torch, "rand", lambda *a, **k: torch.full((a[0], 1), top, dtype=torch.float64))
+    assert warp.categorical(torch.tensor([0.3, 0.7, 0.0, 0.0])).item() == 1
+    with pytest.raises(ValueError, match="finite"):
+        warp.categorical(torch.tensor([0.5, float("nan")]))

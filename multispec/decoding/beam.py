@@ -6,8 +6,8 @@ s_i + log p(v | beam i) under the unwarped target, warps that flattened [beams x
 Deterministic beam search keeps the W best extensions instead; temperature 0 means that too. A beam
 ending in EOS is finished and leaves the active set; the output is the finished or final beam with the
 highest joint log-likelihood / length ** `length_penalty` (`Hypotheses.answer`). One target forward per
-step, all beams in one batch: the hypotheses are the runner's cache rows (`feed_rows`), which follow the
-beams' parents at each step (`commit_rows`).
+step, all beams in one batch: the hypotheses are the runner's cache rows (`ModelRunner.feed`), which follow the
+beams' parents at each step (`ModelRunner.commit`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float
         return
     deterministic = deterministic or s.sampling.greedy
     runner = s.target
-    logits = runner.feed_rows(hyps.rows)[:, -1]  # [1, V]: after the prompt
+    logits = runner.feed(hyps.rows)[:, -1]  # [1, V]: after the prompt
     device = logits.device
     scores = torch.zeros(1, dtype=logits.dtype, device=device)  # raw joint log-likelihoods
     stops = torch.tensor(sorted(s.stop_tokens), dtype=torch.long, device=device)
@@ -50,8 +50,8 @@ def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float
         hyps.rows, hyps.scores = rows, scores.double().cpu()
         if not rows or hyps.room() <= 0:
             break
-        runner.commit_rows(len(rows[0]), parents.tolist(), [[] for _ in rows])
-        logits = runner.feed_rows(rows)[:, -1]
+        runner.commit(len(rows[0]), sources=parents.tolist())
+        logits = runner.feed(rows)[:, -1]
     s.append(hyps.answer(length_penalty))
     s.counters["iterations"] += 1
 

@@ -14,7 +14,7 @@ authors' version, kept here, checks every unchecked token and samples the fallba
 from __future__ import annotations
 
 from ..drafting import DraftChain, setup_of
-from ..engine import Session
+from ..engine import Entries, Session
 from ..verify import rollback_verify
 from .loop import speculate
 from .registry import Method, Param, register
@@ -24,7 +24,7 @@ def decode(s: Session, *, fallback: float, rollback: float, max_unchecked: int) 
     drafter = DraftChain(s.draft_runner(), setup_of(s), fallback=fallback)
 
     def verify(proposal):
-        target_probs = s.sampling.probs(s.target.feed(s.tokens, proposal.tokens))
+        target_probs = s.sampling.probs(s.target.feed([s.tokens], Entries.chain(proposal.tokens))[0])
         return rollback_verify(target_probs, proposal.tokens, rollback, s.generator)
 
     speculate(s, drafter, (1,) * max_unchecked, verify)

@@ -7,7 +7,7 @@ propose: `ForestDraft`: from every hypothesis the draft beam-samples `draft_widt
          `gamma` layers, i.i.d. from its jointly warped beam distribution, each node in its hypothesis'
          cache row (a tree per row);
 score:   one target forward over the whole forest: one batch row per hypothesis, ancestor-only masks,
-         positions by depth (`ModelRunner.feed_rows`);
+         positions by depth (`engine.Entries.lists`);
 verify:  `forest_verify`: layer by layer, each layer's drafts tested against the target's beam
          distribution over the accepted nodes of the layer before (residual after a rejection, reset
          after an acceptance, children of rejected nodes rejected). A layer passes with W_L^(l) accepted
@@ -36,7 +36,7 @@ import torch
 
 from ..drafting import ForestDraft, setup_of
 from ..drafting.beams import Forest, grow_rows, outputs_in_rows
-from ..engine import Hypotheses, Session
+from ..engine import Entries, Hypotheses, Session
 from ..verify import forest_verify
 from .registry import LENGTH_PENALTY, Method, Param, register
 
@@ -73,7 +73,7 @@ def decode(s: Session, *, gamma: int, draft_width: int, beam_width: int | None, 
         verdict = replace(verdict, beams=tuple(b for b, _ in going))
         if going:
             sources, target_kept = outputs_in_rows(forest.roots, target_paths, verdict)
-            s.target.commit_rows(len(going[0][1]), sources, target_kept)
+            s.target.commit(len(going[0][1]), target_kept, sources)
             drafter.accept(verdict)
         hyps.rows = [row for _, row in going]
         hyps.scores = torch.tensor([b.score for b, _ in going], dtype=torch.float64)
@@ -92,7 +92,8 @@ def _score(s: Session, rows: list[list[int]], forest: Forest):
                                  [previous[p] for p in layer.parents.tolist()], d)
         paths_by_layer.append(previous)
         where.append(at)
-    logits = s.target.feed_rows(rows, entries)  # [B, 1 + S, V]; padding entries are never read
+    # [B, 1 + S, V]; padding entries are never read
+    logits = s.target.feed(rows, Entries.lists(entries, s.target.tentative))
     nodes = [torch.log_softmax(logits[row, 1 + index].double(), -1) for row, index in where]
     return torch.log_softmax(logits[:, 0].double(), -1), nodes, paths_by_layer
 

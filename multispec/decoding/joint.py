@@ -27,7 +27,7 @@ import torch
 
 from ..drafting import BeamDraft, setup_of
 from ..drafting.beams import BEAM_WARPS
-from ..engine import Session
+from ..engine import Entries, Session
 from ..verify import joint_verify
 from .loop import speculate
 from .registry import Method, Param, register
@@ -45,7 +45,7 @@ def decode_mjsd(s: Session, *, gamma: int, width: int, tau: float, ratio: str, t
 
 def _joint(s: Session, drafter: BeamDraft, gamma: int, tau: float, ratio: str, threshold: str) -> None:
     def verify(proposal):
-        logits = s.target.feed(s.tokens, proposal.tokens)  # [g + 1, V]
+        logits = s.target.feed([s.tokens], Entries.chain(proposal.tokens))[0]  # [g + 1, V]
         warped = s.sampling.probs(logits)
         ratio_rows = torch.softmax(logits.double(), -1) if ratio == "raw" else warped
         return joint_verify(ratio_rows, proposal.logq, proposal.tokens, tau, s.generator,

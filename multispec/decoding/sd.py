@@ -17,7 +17,7 @@ from functools import partial
 
 from ..drafting import make_drafter, setup_of
 from ..drafting.length import AutoLength, DraftLength
-from ..engine import Session
+from ..engine import Entries, Session
 from ..models.cost import forward_cost
 from ..verify import relaxed_verify, speculative_verify
 from .loop import speculate
@@ -41,7 +41,7 @@ def _verify(s: Session, rule, bonus: bool, proposal):
     drafts = proposal.tokens
     # without a bonus token nothing needs the target's distribution after the last draft
     scored = drafts if bonus else drafts[:-1]
-    target_probs = s.sampling.probs(s.target.feed(s.tokens, scored))
+    target_probs = s.sampling.probs(s.target.feed([s.tokens], Entries.chain(scored))[0])
     return rule(target_probs, proposal.draft_probs, drafts, s.generator, bonus=bonus)
 
 

@@ -19,9 +19,11 @@ tree, and gives the same tokens as `mcsd` for the same seed, tree and replacemen
 
 from __future__ import annotations
 
+import torch
+
 from ..drafting import Drafter, make_drafter
 from ..drafting.shape import AutoTree
-from ..engine import Session
+from ..engine import Entries, ModelRunner, Session
 from ..models.cost import forward_cost
 from ..tree_search import RankAcceptance, record_verdict
 from ..trees import Shape, TokenTree, load_tree, parse_k_config, tree_from_json
@@ -40,9 +42,9 @@ def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool
         # without a bonus token the deepest level needs no scoring when it comes last (breadth first)
         scored = tree.size if bonus else _unscored_from(tree)
         if tree_attention:
-            logits = s.target.feed(s.tokens, proposal.tokens[:scored], tree=tree, nodes=slice(0, scored))
+            logits = s.target.feed([s.tokens], Entries.tree(tree, proposal.tokens[:scored], slice(0, scored)))[0]
         else:
-            logits = s.target.feed_paths(s.tokens, proposal.tokens, tree)
+            logits = score_paths(s.target, s.tokens, proposal.tokens, tree)
         target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g
         verdict = tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule, bonus,
                               proposal.live, proposal.fixed)
@@ -51,9 +53,35 @@ def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool
 
     def counted(proposal):
         depth = proposal.tree.max_depth
-        return {"drafted": depth * drafted_per_depth, "nodes": proposal.size, "depth": depth}
+        paths = None if tree_attention else root_paths(proposal.tree)
+        return {"drafted": depth * drafted_per_depth, "nodes": proposal.size, "depth": depth, "paths": paths}
 
     speculate(s, drafter, shape, verify, bonus, counted)
+
+
+def root_paths(tree: TokenTree) -> list[list[int]]:
+    """The tree's root-to-leaf paths (lists of nodes), leaves in node order."""
+    return [tree.path(leaf) for leaf in tree.leaves()]
+
+
+def score_paths(runner: ModelRunner, tokens: list[int], drafts: torch.Tensor, tree: TokenTree) -> torch.Tensor:
+    """Score a tree without tree attention (MCSD §3.11): the cache is copied once per root-to-leaf path and each
+    cache row feeds the uncached committed token and its path, as a chain. The same rows as a tree forward -
+    [1 + N, V], row 0 the root, row 1 + g node g - at the cost of K copies of the cache and K times the work.
+    The session's commit (`paths=`) keeps the row that holds the accepted path."""
+    paths = root_paths(tree)
+    depth = len(paths[0])
+    if any(len(p) != depth for p in paths):
+        raise ValueError("scoring one cache row per path needs every leaf at the same depth")
+    runner.commit(len(tokens), sources=[0] * len(paths))  # one copy of the cache per path
+    logits = runner.feed([tokens] * len(paths), Entries.chain(drafts.cpu()[torch.tensor(paths)]))  # [K, 1 + depth, V]
+    row_of: dict[int, int] = {}  # node -> the first path (cache row) holding it
+    for r, path in enumerate(paths):
+        for g in path:
+            row_of.setdefault(g, r)
+    rows = torch.tensor([0] + [row_of[g] for g in range(tree.size)])
+    cols = torch.tensor([0] + tree.depth.tolist())
+    return logits[rows.to(logits.device), cols.to(logits.device)]
 
 
 def _unscored_from(tree: TokenTree) -> int:

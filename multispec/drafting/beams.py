@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import Hypotheses, ModelRunner
+from ..engine import Entries, Hypotheses, ModelRunner
 from ..trees import TokenTree
 from ..verify.beam import beam_distribution
 from ..verify.verdict import Verdict
@@ -56,7 +56,7 @@ class BeamDraft(ModelDrafter):
         self._start(context)
         if g == 0:
             return self.setup.empty()
-        logits = self.runner.feed(context)[-1:]  # [1, V]: the root
+        logits = self.runner.feed([context])[0, -1:]  # [1, V]: the root
         parents: list[int] = []  # beam tree, breadth first
         tokens: list[int] = []
         score_of: list[float] = []  # each node's beam score (the warp's measure of its path)
@@ -79,7 +79,7 @@ class BeamDraft(ModelDrafter):
             if depth < g:  # the deepest level is never fed to the draft model
                 tree = TokenTree.from_parents(parents)
                 new = torch.tensor(tokens[start:], dtype=torch.long)
-                logits = self.runner.feed(context, new, tree=tree, nodes=slice(start, len(tokens)))[-len(beams):]
+                logits = self.runner.feed([context], Entries.tree(tree, new, slice(start, len(tokens))))[0, -len(beams):]
         best = max(beams, key=lambda n: logq_of[n])
         path = []
         node = best
@@ -159,7 +159,7 @@ class ForestDraft(ModelDrafter):
         self._pending = (len(rows[0]), forest)
         if not shape:
             return forest
-        logits = runner.feed_rows(rows)[:, -1]  # [B, V]: after each hypothesis
+        logits = runner.feed(rows)[:, -1]  # [B, V]: after each hypothesis
         scores = context.scores.double().to(logits.device)
         paths: list[list[int]] = [[] for _ in rows]
         roots = list(range(len(rows)))
@@ -177,7 +177,7 @@ class ForestDraft(ModelDrafter):
             if d < len(shape):
                 entries: list[list] = [[] for _ in rows]
                 paths, (row, index) = grow_rows(entries, roots, tokens.tolist(), parent_paths, d, runner.tentative)
-                logits = runner.feed_rows(rows, entries)[row, index]  # [width, V]
+                logits = runner.feed(rows, Entries.lists(entries, runner.tentative))[row, index]  # [width, V]
             forest.roots.append(roots)
             forest.draft_paths.append(paths)
         return forest
@@ -188,7 +188,7 @@ class ForestDraft(ModelDrafter):
         length, forest = self._pending
         self._pending = None
         sources, kept = outputs_in_rows(forest.roots, forest.draft_paths, verdict)
-        self.runner.commit_rows(length + verdict.depth, sources, kept)
+        self.runner.commit(length + verdict.depth, kept, sources)
 
 
 def outputs_in_rows(roots: list[list[int]], paths: list[list[list[int]]], verdict: Verdict):
@@ -202,10 +202,10 @@ def outputs_in_rows(roots: list[list[int]], paths: list[list[list[int]]], verdic
 
 def grow_rows(entries: list[list], roots: list[int], tokens: list[int], parent_paths: list[list[int]], depth: int,
               base: int = 0) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
-    """Lay one forest layer into per-row entry lists for `ModelRunner.feed_rows`: node j goes to row
+    """Lay one forest layer into per-row entry lists for `Entries.lists`: node j goes to row
     roots[j] at `depth`, seeing its parent's path parent_paths[j]. `base`: the runner's tentative entries
     before the call (offsets count from there). Returns each node's path of cache offsets (itself last)
-    and where its logits come out of `feed_rows`: (row [m], index among the row's entries [m])."""
+    and where its logits come out of `ModelRunner.feed`: (row [m], index among the row's entries [m])."""
     paths, row, index = [], [], []
     for root, token, path in zip(roots, tokens, parent_paths, strict=True):
         entries[root].append((token, depth, tuple(path)))

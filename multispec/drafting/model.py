@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine import ModelRunner
+from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
 from .base import Drafter, Proposal, Setup
@@ -28,7 +28,7 @@ class ModelDrafter(Drafter):
     def _start(self, context: list[int]) -> None:
         """Drop tentative entries a proposal left without a verdict, so the cache holds a prefix of `context`."""
         if self.runner.tentative:
-            self.runner.commit(len(context), [])
+            self.runner.commit(len(context))
         self._pending = None
 
     def _proposed(self, context: list[int], entries: list[int | None]) -> None:
@@ -46,7 +46,7 @@ class ModelDrafter(Drafter):
             if entry is None or entry >= self.runner.tentative:
                 break
             kept.append(entry)
-        self.runner.commit(length + len(verdict.new_tokens), kept)
+        self.runner.commit(length + len(verdict.new_tokens), [kept])
 
 
 class DraftChain(ModelDrafter):
@@ -68,7 +68,7 @@ class DraftChain(ModelDrafter):
             return self.setup.empty()
         sampling = self.setup.sampling
         probs, tokens = [], []
-        logits = self.runner.feed(context)
+        logits = self.runner.feed([context])[0]
         for i in range(g):
             q = sampling.probs(logits[-1])
             token = self.setup.sample(q)
@@ -79,7 +79,7 @@ class DraftChain(ModelDrafter):
             if self.fallback > 0 and self._peak(q, logits[-1]) < self.fallback:
                 break
             if i + 1 < g:  # the last draft is never fed to the draft model
-                logits = self.runner.feed(context, token.reshape(1))
+                logits = self.runner.feed([context], Entries.chain(token.reshape(1)))[0]
         self._proposed(context, list(range(len(tokens))))
         device = self.setup.device
         return Proposal(TokenTree.chain(len(tokens)), torch.stack(tokens).to(device), torch.stack(probs).to(device))
@@ -115,7 +115,7 @@ class DraftTree(ModelDrafter):
         tree = self.tree(shape) if shape_depth(shape) else None
         if tree is None or tree.size == 0:
             return self.setup.empty()
-        logits = self.runner.feed(context)[-1:]  # [1, V]: the root
+        logits = self.runner.feed([context])[0, -1:]  # [1, V]: the root
         rows, tokens, live = [], [], []
         parents, parent_live = [-1], torch.ones(1, dtype=torch.bool, device=logits.device)
         for d in range(1, tree.max_depth + 1):
@@ -132,7 +132,7 @@ class DraftTree(ModelDrafter):
             tokens.append(flat)
             live.append(parent_live)
             if d < tree.max_depth:  # the deepest level is never fed to the draft model
-                logits = self.runner.feed(context, flat, tree=tree, nodes=level)[-flat.numel():]
+                logits = self.runner.feed([context], Entries.tree(tree, flat, level))[0, -flat.numel():]
         self._proposed(context, list(range(tree.size)))
         live_all = torch.cat(live)
         device = self.setup.device

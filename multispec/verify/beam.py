@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..warp import Sampling
+from ..warp import Sampling, categorical
 from .chain import residual
 from .verdict import Beam, Verdict
 
@@ -81,7 +81,7 @@ def beam_layer_verify(
     drawn = None
     if rejected:
         drawn = len(outputs)
-        outputs.append(int(torch.multinomial(running.float(), 1, generator=generator)[0]))
+        outputs.append(int(categorical(running.float(), generator)))
         fills = width - len(outputs)
         if fills > 0:
             outputs += torch.multinomial(target.float(), fills, replacement=True, generator=generator).tolist()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..warp import categorical
 from .verdict import Verdict
 
 # Below this residual mass a rejection can only come from rounding; fall back to the target row.
@@ -62,7 +63,7 @@ def speculative_verify(
 
 
 def _chain_verdict(draft_tokens: torch.Tensor, n: int, dist: torch.Tensor | None, generator) -> Verdict:
-    nxt = None if dist is None else int(torch.multinomial(dist, 1, generator=generator)[0])
+    nxt = None if dist is None else int(categorical(dist, generator))
     return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < draft_tokens.shape[0])
 
 

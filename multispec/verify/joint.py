@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..warp import categorical
 from .verdict import Verdict
 
 
@@ -50,5 +51,5 @@ def joint_verify(
         hits = passed.nonzero()
         n = int(hits[-1, 0]) + 1 if hits.numel() else 0
     row = (target_probs if next_probs is None else next_probs)[n]
-    nxt = int(torch.multinomial(row, 1, generator=generator)[0])
+    nxt = int(categorical(row, generator))
     return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < g)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from ..trees import TokenTree
+from ..warp import categorical
 from .chain import residual
 from .verdict import Verdict
 
@@ -45,7 +46,7 @@ def recursive_rejection(
         if u[i] * draft[token] < current[token]:
             return i, token
         current = residual(current, draft)
-    return None, int(torch.multinomial(current, 1, generator=generator)[0])
+    return None, int(categorical(current, generator))
 
 
 def without_replacement_rejection(
@@ -65,14 +66,14 @@ def without_replacement_rejection(
         if mass <= 0:  # the whole support has been drawn: no candidate can follow
             break
         remaining = remaining / mass
-    return None, int(torch.multinomial(current, 1, generator=generator)[0])
+    return None, int(categorical(current, generator))
 
 
 def naive_rejection(
     target: torch.Tensor, draft: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None = None
 ) -> tuple[int | None, int]:
     """MCNS: one target draw; accepted when it is among the candidates."""
-    x = int(torch.multinomial(target, 1, generator=generator)[0])
+    x = int(categorical(target, generator))
     hits = (candidates == x).nonzero()
     return (int(hits[0, 0]), x) if hits.numel() else (None, x)
 
@@ -119,13 +120,13 @@ def tree_verify(
                 index, token = rule(current, draft_probs[1 + node], tokens[list(drawn)], generator)
                 chosen = None if index is None else drawn[index]
             else:
-                token = int(torch.multinomial(current, 1, generator=generator)[0])
+                token = int(categorical(current, generator))
         if chosen is None:
             return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), int(token), True)
         node = chosen
         accepted.append(node)
         current = target_probs[1 + node] if bonus or tree.children(node) else None
-    nxt = int(torch.multinomial(current, 1, generator=generator)[0]) if bonus else None
+    nxt = int(categorical(current, generator)) if bonus else None
     return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), nxt, False)
 
 

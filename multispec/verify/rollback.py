@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from ..warp import categorical
 from .verdict import Verdict
 
 
@@ -33,5 +34,5 @@ def rollback_verify(
     failed = (picked < math.exp(-tau2)) | (picked <= 0)
     hits = failed.nonzero()
     n = int(hits[0, 0]) if hits.numel() else g
-    nxt = int(torch.multinomial(target_probs[n], 1, generator=generator)[0])
+    nxt = int(categorical(target_probs[n], generator))
     return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < g)
