@@ -51,7 +51,7 @@ class Entries:
     @classmethod
     def chain(cls, tokens: torch.Tensor | list[int]) -> Entries:
         """Tokens [S] (one row) or [B, S] that continue each row's chain."""
-        t = torch.as_tensor(tokens, dtype=torch.long).cpu()
+        t = torch.as_tensor(tokens, dtype=torch.long)
         return cls(t.reshape(1, -1) if t.dim() < 2 else t)
 
     @classmethod
@@ -59,7 +59,7 @@ class Entries:
         """The nodes `nodes` (default all) of `tree` in one row, their `tokens` [len(nodes)]; the tentative
         entries before them must be the tree's earlier nodes, in node order."""
         nodes = nodes or slice(0, tree.size)
-        t = torch.as_tensor(tokens, dtype=torch.long).cpu().reshape(1, -1)
+        t = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
         if tree.is_chain:
             return cls(t)
         return cls(t, tree.depth[nodes][None], tree.visible[nodes, : nodes.stop][None])
@@ -139,21 +139,21 @@ class ModelRunner:
         n = n_pending + s
         if n == 0:
             raise RuntimeError("nothing to feed: every committed token is cached and no entries were given")
-        parts, positions = [], []
+        device = self.model.device
+        parts, positions = [], []  # tokens on the model's device (drafts may live there), positions on the CPU
         if n_pending:
-            parts.append(torch.tensor([r[self.committed :] for r in rows], dtype=torch.long))
+            parts.append(torch.tensor([r[self.committed :] for r in rows], dtype=torch.long, device=device))
             positions.append(torch.arange(self.committed, length).expand(len(rows), -1))
         if s:
-            parts.append(entries.tokens)
+            parts.append(entries.tokens.to(device))
             depth = (self.tentative + 1 + torch.arange(s).expand(len(rows), -1) if entries.depth is None
                      else entries.depth)
             positions.append(length - 1 + depth)
-        device = self.model.device
         tokens = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         positions = torch.cat(positions, 1) if len(positions) > 1 else positions[0]
         mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
         t0 = time.perf_counter()
-        logits = self.model.forward(self.cache, tokens.to(device), positions.to(device),
+        logits = self.model.forward(self.cache, tokens, positions.to(device),
                                     None if mask is None else mask.to(device),
                                     logits_to_keep=s + (1 if n_pending else 0))
         self._timed(t0)

@@ -74,7 +74,7 @@ def score_paths(runner: ModelRunner, tokens: list[int], drafts: torch.Tensor, tr
     if any(len(p) != depth for p in paths):
         raise ValueError("scoring one cache row per path needs every leaf at the same depth")
     runner.commit(len(tokens), sources=[0] * len(paths))  # one copy of the cache per path
-    logits = runner.feed([tokens] * len(paths), Entries.chain(drafts.cpu()[torch.tensor(paths)]))  # [K, 1 + depth, V]
+    logits = runner.feed([tokens] * len(paths), Entries.chain(drafts[torch.tensor(paths, device=drafts.device)]))  # [K, 1 + depth, V]
     row_of: dict[int, int] = {}  # node -> the first path (cache row) holding it
     for r, path in enumerate(paths):
         for g in path:

@@ -81,7 +81,7 @@ def beam_layer_verify(
     drawn = None
     if rejected:
         drawn = len(outputs)
-        outputs.append(int(categorical(running.float(), generator)))
+        outputs.append(int(categorical(running, generator)))
         fills = width - len(outputs)
         if fills > 0:
             outputs += torch.multinomial(target.float(), fills, replacement=True, generator=generator).tolist()
