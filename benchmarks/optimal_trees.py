@@ -80,7 +80,9 @@ def run(args) -> None:
             methods[f"mcsd:optimal-{n}"] = ("mcsd", {"tree": best, "replacement": False,
                                                      "_predicted": tree_value(best, reach),
                                                      "_kconfig_predicted": tree_value(tree, reach)})
-        methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "replacement": False})
+        # adapt: as in the rows of part 1 (run before tree=auto's default became the reproducible one)
+        methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "adapt": True,
+                                              "replacement": False})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
         methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
         for label, (method, params) in methods.items():

@@ -20,6 +20,7 @@ drafts included.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,6 +141,18 @@ def tree_value(tree: TokenTree, reach: np.ndarray) -> float:
     return float(value.sum())
 
 
+@functools.lru_cache(maxsize=64)
+def _table(reach: bytes, shape: tuple[int, int], max_nodes: int, max_depth: int) -> TreeTable:
+    return TreeTable(np.frombuffer(reach, dtype=np.float64).reshape(shape), max_nodes, max_depth)
+
+
+def table_for(rates: np.ndarray, max_nodes: int, max_depth: int) -> TreeTable:
+    """The `TreeTable` of these acceptance rates, reused while the rates are unchanged (the first searches of
+    every call start from the same prior)."""
+    reach = np.ascontiguousarray(reach_of(rates), dtype=np.float64)
+    return _table(reach.tobytes(), reach.shape, max_nodes, max_depth)
+
+
 class TreeTable:
     """The optimal trees of 0..max_nodes nodes for every depth limit 1..max_depth, under `reach` [D, K] (row
     d - 1 for children at depth d; deeper levels use the last row).
@@ -159,6 +172,7 @@ class TreeTable:
         self.values = np.full((max_depth + 1, max_nodes + 1), -np.inf)  # values[D][n]
         self.values[:, 0] = 1.0
         self._choices: dict[int, list[list[np.ndarray]]] = {}
+        self._widths: dict[tuple[int, int], tuple[int, ...]] = {}
         m = np.arange(size)
         shift = m[:, None] - m[None, :]  # [m, a]: nodes left for later ranks
         valid = shift >= 0
@@ -212,6 +226,13 @@ class TreeTable:
             frontier = nxt
         return levels
 
+    def widths(self, n: int, depth: int) -> tuple[int, ...]:
+        """Nodes per level (from depth 1) of the optimal tree of n nodes under the depth limit."""
+        key = (n, depth)
+        if key not in self._widths:
+            self._widths[key] = tuple(len(level) for level in self.sizes(n, depth)[1:])
+        return self._widths[key]
+
     def tree(self, n: int, depth: int) -> TokenTree:
         if n == 0:
             return TokenTree.chain(0)
@@ -258,19 +279,27 @@ def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost 
 
 
 def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
-                 overhead: float = 0.0, max_depth: int | None = None, pending: int = 1) -> TreeChoice:
-    """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second."""
-    best = TreeChoice(0, 0, 1.0, target_cost(pending, context) + overhead, ())
+                 overhead: float = 0.0, max_depth: int | None = None, pending: int = 1, per_node: float = 0.0,
+                 plain_cost: ForwardCost | None = None) -> TreeChoice:
+    """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
+    Per-iteration work besides forwards: `overhead` + `per_node` x nodes; `plain_cost`: the target's forward
+    without a tree (default `target_cost`), when a tree's masked forward costs differently."""
+    best = TreeChoice(0, 0, 1.0, (plain_cost or target_cost)(pending, context) + overhead, ())
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
+    # the curves read once per size (this search runs during decoding)
+    forward = [target_cost(pending + n, context) + overhead + per_node * n for n in range(table.max_nodes + 1)]
+    drafting = [0.0] + [draft_cost(w, context) for w in range(1, table.max_nodes + 1)] if draft_cost else None
     for depth in range(1, top + 1):
         for n in range(1, table.max_nodes + 1):
             tokens = table.value(n, depth)
             if not np.isfinite(tokens):
                 continue
-            widths = tuple(len(level) for level in table.sizes(n, depth)[1:])
+            widths = table.widths(n, depth)
             if depth > 1 and len(widths) < depth:  # the same tree as under a smaller limit
                 continue
-            seconds = iteration_seconds(widths, target_cost, draft_cost, context, overhead, pending)
+            seconds = forward[n]
+            if drafting is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
+                seconds += drafting[1] + sum(drafting[w] for w in widths[:-1])
             if tokens / seconds > best.tokens_per_second:
                 best = TreeChoice(n, depth, tokens, seconds, widths)
     return best

@@ -16,6 +16,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .params import read_json
@@ -43,11 +44,12 @@ class TokenTree:
 
     @classmethod
     def from_parents(cls, parents: list[int]) -> TokenTree:
+        parents = [int(p) for p in parents]
         n = len(parents)
         if n > MAX_TREE_NODES:
             raise ValueError(f"a tree of {n} nodes is above the limit of {MAX_TREE_NODES}")
-        visible = torch.eye(n, dtype=torch.bool)
-        depth = torch.ones(n, dtype=torch.long)
+        visible = np.eye(n, dtype=bool)  # numpy rows: a per-node torch op costs ~10x more
+        depth = np.ones(n, dtype=np.int64)
         kids: list[list[int]] = [[] for _ in range(n + 1)]
         for g, parent in enumerate(parents):
             if not -1 <= parent < g:
@@ -56,9 +58,9 @@ class TokenTree:
                 visible[g] |= visible[parent]
                 depth[g] = depth[parent] + 1
             kids[1 + parent].append(g)
-        is_chain = list(parents) == list(range(-1, n - 1))
-        return cls(torch.tensor(parents, dtype=torch.long), depth, visible, is_chain,
-                   tuple(tuple(k) for k in kids))
+        is_chain = parents == list(range(-1, n - 1))
+        return cls(torch.tensor(parents, dtype=torch.long), torch.from_numpy(depth), torch.from_numpy(visible),
+                   is_chain, tuple(tuple(k) for k in kids))
 
     @classmethod
     def chain(cls, n: int) -> TokenTree:
@@ -85,6 +87,10 @@ class TokenTree:
     def canonical(cls, parents: list[int]) -> TokenTree:
         """The same tree relabelled breadth first, each node's children contiguous and in their order (the
         order they are drawn and tested in): the layout a drafter expands level by level."""
+        return _canonical(tuple(int(p) for p in parents))
+
+    @classmethod
+    def _relabel(cls, parents: tuple[int, ...]) -> TokenTree:
         tree = cls.from_parents(list(parents))
         order, frontier = [], [-1]
         while frontier:
@@ -181,6 +187,11 @@ def _full_tree(branching: tuple[int, ...]) -> TokenTree:
         first = len(parents) - width * k
         width *= k
     return TokenTree.from_parents(parents)
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical(parents: tuple[int, ...]) -> TokenTree:
+    return TokenTree._relabel(parents)
 
 
 @functools.lru_cache(maxsize=64)

@@ -160,7 +160,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
                                     seconds(best), prefill))
     choice = fastest_tree(table, target_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
-                          context, overhead[0] + overhead[1] * 16)
+                          context, overhead[0], per_node=overhead[1],
+                          plain_cost=target_cost.scaled(ar_factor))
     fastest = table.tree(choice.nodes, choice.depth)
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
@@ -168,8 +169,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     tree_value(fastest, reach), seconds(fastest), prefill))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
     auto_tree = fastest if fastest.size else TokenTree.chain(1)
-    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},replacement=false", "mcsd",
-                                {"tree": "auto", "acceptance": prior, "replacement": replacement}, auto_tree,
+    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}"  # milliseconds, what tree=auto's overhead reads
+    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
+                                {"tree": "auto", "acceptance": prior, "overhead": work,
+                                 "replacement": replacement}, auto_tree,
                                 tree_value(auto_tree, reach), seconds(auto_tree) + _search_seconds(table), prefill))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)

@@ -161,7 +161,8 @@ def irregular_file(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("params", [{"replacement": False}, {"replacement": True}, {"tree": "auto"}])
+@pytest.mark.parametrize("params", [{"replacement": False}, {"replacement": True}, {"tree": "auto"},
+                                    {"tree": "auto", "adapt": True}])
 def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
     params = {"tree": irregular_file, **params}
     report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
@@ -177,12 +178,22 @@ def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irr
 
 def test_tree_auto_reports_its_choices_and_is_reproducible():
     target, draft = random_markov_pair(6, 40, 2)
-    runs = [generate(target, draft, [1], method="specinfer:tree=auto,acceptance=0.5/0.2", max_new_tokens=30, seed=4)
-            for _ in range(2)]
-    assert runs[0].token_ids == runs[1].token_ids
+    # the choices read the verdicts and the per-machine curves, never this call's clock: the seed fixes them
+    runs = [generate(target, draft, [1], method="specinfer:tree=auto,acceptance=0.5/0.2,overhead=0.3/0.01",
+                     max_new_tokens=30, seed=4) for _ in range(3)]
+    assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
+    assert runs[0].stats["trees_used"] == runs[1].stats["trees_used"] == runs[2].stats["trees_used"]
     stats = runs[0].stats
     assert sum(stats["trees_used"].values()) >= 1 and stats["predicted_tokens_per_second"] > 0
-    with pytest.raises(ValueError, match="acceptance is the prior of tree=auto"):
+    assert stats["iteration_overhead_seconds"] == {"per_iteration": 0.0003, "per_node": 0.00001, "measured": False}
+    adapted = generate(target, draft, [1], method="specinfer:tree=auto,adapt=true", max_new_tokens=30, seed=4).stats
+    assert adapted["iteration_overhead_seconds"]["measured"] and adapted["iteration_overhead_seconds"]["per_iteration"] > 0
+    for bad in ("-1", "1/2/3", "x", "nan"):
+        with pytest.raises(ValueError, match="overhead must be milliseconds"):
+            generate(target, draft, [1], method="mcsd", tree="auto", overhead=bad, max_new_tokens=3)
+    with pytest.raises(ValueError, match="adapt is a parameter of tree=auto"):
+        generate(target, draft, [1], method="mcsd", adapt=True, max_new_tokens=3)
+    with pytest.raises(ValueError, match="acceptance is a parameter of tree=auto"):
         generate(target, draft, [1], method="mcsd", acceptance="0.5", max_new_tokens=3)
     with pytest.raises(ValueError, match="acceptance must be rates in"):
         generate(target, draft, [1], method="mcsd", tree="auto", acceptance="0.5/2", max_new_tokens=3)

@@ -19,10 +19,12 @@ tree, and gives the same tokens as `mcsd` for the same seed, tree and replacemen
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..drafting import Drafter, make_drafter
-from ..drafting.shape import AutoTree
+from ..drafting.shape import OVERHEAD_PRIOR, AutoTree
 from ..engine import Entries, ModelRunner, Session
 from ..models.cost import forward_cost
 from ..tree_search import RankAcceptance, record_verdict
@@ -97,28 +99,38 @@ def node_rule(verifier: str, replacement: bool):
     return recursive_rejection if replacement else without_replacement_rejection
 
 
-def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, replacement: bool, tree_attention: bool,
-                verifier: str, drafter: str, min_ngram: int, max_ngram: int) -> None:
+def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
+                replacement: bool, tree_attention: bool, verifier: str, drafter: str, min_ngram: int,
+                max_ngram: int) -> None:
     if not tree_attention and drafter != "model":
         raise ValueError("tree_attention=false (one cache row per path) needs drafter=model: copied branches "
                          "have paths of different lengths")
     if not tree_attention and tree is not None:
         raise ValueError("tree_attention=false (one cache row per path) takes k-config trees only: every leaf "
                          "must be at one depth")
-    _decode_tree(s, k_config, tree, acceptance, replacement, node_rule(verifier, replacement), drafter, min_ngram,
-                 max_ngram, tree_attention)
+    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead), replacement,
+                 node_rule(verifier, replacement), drafter, min_ngram, max_ngram, tree_attention)
 
 
-def decode_specinfer(s: Session, *, k_config: str, tree, acceptance: str | None, replacement: bool, drafter: str,
-                     min_ngram: int, max_ngram: int) -> None:
-    _decode_tree(s, k_config, tree, acceptance, replacement, node_rule("mcss", replacement), drafter, min_ngram,
-                 max_ngram)
+def decode_specinfer(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
+                     replacement: bool, drafter: str, min_ngram: int, max_ngram: int) -> None:
+    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead), replacement,
+                 node_rule("mcss", replacement), drafter, min_ngram, max_ngram)
 
 
-def _decode_tree(s: Session, k_config: str, tree, acceptance: str | None, replacement: bool, rule, drafter: str,
-                 min_ngram: int, max_ngram: int, tree_attention: bool = True) -> None:
-    if acceptance is not None and tree != "auto":
-        raise ValueError("acceptance is the prior of tree=auto; it needs tree=auto")
+class AutoSettings(NamedTuple):
+    """tree=auto's own parameters, as given."""
+    acceptance: str | None
+    adapt: bool
+    overhead: str | None
+
+
+def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, replacement: bool, rule,
+                 drafter: str, min_ngram: int, max_ngram: int, tree_attention: bool = True) -> None:
+    if tree != "auto":
+        for name, value, unset in zip(AutoSettings._fields, auto_settings, (None, False, None), strict=True):
+            if value != unset:
+                raise ValueError(f"{name} is a parameter of tree=auto; it needs tree=auto")
     proposer = make_drafter(drafter, s, tree=True, replacement=replacement, min_ngram=min_ngram, max_ngram=max_ngram)
     key = f"{drafter if drafter != 'hybrid' else 'model'}/{draw_mode(s, replacement)}"
     if tree != "auto":
@@ -129,7 +141,9 @@ def _decode_tree(s: Session, k_config: str, tree, acceptance: str | None, replac
     draft = s.draft_model
     auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
                     forward_cost(draft), lambda: (s.target.seconds, s.draft.seconds if s.draft else 0.0),
-                    lambda context: len(context) - s.target.committed, parse_acceptance(acceptance))
+                    lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
+                    tree_cost=forward_cost(s.target_model, masked=True),
+                    overhead=parse_overhead(auto_settings.overhead), adapt=auto_settings.adapt)
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
 
@@ -161,6 +175,24 @@ def parse_acceptance(text: str | None) -> list[float] | None:
     return rates
 
 
+def parse_overhead(text: str | None) -> tuple[float, float]:
+    """'3.5' or '3.5/0.1' (milliseconds per iteration / per node) -> seconds (per iteration, per node)."""
+    if text is None:
+        return OVERHEAD_PRIOR, 0.0
+    try:
+        values = [float(x) for x in str(text).replace(",", "/").split("/")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or any(not (v >= 0 and v < float("inf")) for v in values):
+        raise ValueError(f"overhead must be milliseconds 'A' or 'A/B' (per iteration / per node, >= 0), got {text!r}")
+    return values[0] / 1000, (values[1] if len(values) == 2 else 0.0) / 1000
+
+
+def _check_overhead(value) -> bool:
+    parse_overhead(value)
+    return True
+
+
 def _check_tree(value) -> bool:
     if value == "auto":
         return True
@@ -180,6 +212,12 @@ TREE = Param(object, None, _check_tree, "'auto', or a JSON file of parent indice
 ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1",
                    "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
                    "(multispec tune writes it into plan files)")
+ADAPT = Param(bool, False, rule="true or false",
+              help="tree=auto: also follow this call's measured forward and per-iteration times (the same law, "
+                   "but the same seed may then give other tokens)")
+OVERHEAD = Param(str, None, _check_overhead, "milliseconds 'A' or 'A/B', e.g. 3.5/0.05",
+                 "tree=auto's per-iteration work besides forwards, A ms + B ms per node (default "
+                 f"{OVERHEAD_PRIOR * 1000:g}/0; multispec tune writes the measured one into plan files)")
 
 
 def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int,
@@ -209,7 +247,7 @@ register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distr
                 summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
                 params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
                                                    "the root, 2 of each"),
-                        "tree": TREE, "acceptance": ACCEPTANCE,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
                         "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
                                                                 "replacement in draw order (Algorithm 2)"),
                         "tree_attention": Param(bool, True, rule="true or false",
@@ -222,6 +260,6 @@ register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals a
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
                                                    "each depth"),
-                        "tree": TREE, "acceptance": ACCEPTANCE,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
                         "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))

@@ -1,8 +1,10 @@
 """`tree=auto`: the tree, chain or nothing that promises the most tokens per second, chosen each iteration from
 the acceptance by sibling rank measured so far in the call (`multispec.tree_search`), the machine's forward
-costs and the measured per-iteration work.
+costs (a tree's forward through an explicit mask has its own curve) and the per-iteration work.
 
-The choice depends only on past verdicts, never on this iteration's, so the method's law is unchanged.
+The choice depends only on past verdicts, never on this iteration's, so the method's law is unchanged. Its
+inputs are the seed's verdicts and the curves cached per machine, so the same seed gives the same tokens;
+with `adapt` it also follows this call's measured times, which no seed fixes.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ..models.cost import ForwardCost
-from ..tree_search import RankAcceptance, TreeChoice, TreeTable, fastest_tree, iteration_seconds, reach_of
+from ..tree_search import RankAcceptance, TreeChoice, fastest_tree, iteration_seconds, table_for
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
 from .base import Drafter, Proposal
@@ -32,27 +34,32 @@ def replans(call: int) -> bool:
 class AutoTree(Drafter):
     """Wraps a `DraftTree`: each iteration proposes the current best tree (see module note), searched again
     when the room left is shallower than it.
-    `ranks()` gives the call's acceptance record for this drafter (the session's), `forward_seconds()` the
-    forward time so far (target, draft), `pending(context)` the tokens the target has not cached. The measured
-    forward time of each iteration against the curve's (a tree's forward goes through an explicit mask, which
-    the curve did not measure) scales the curves the search uses."""
+    `ranks()` gives the call's acceptance record for this drafter (the session's), `pending(context)` the
+    tokens the target has not cached; `target_cost` is the causal forward's curve, `tree_cost` the masked
+    one (default the causal); `overhead` the work besides forwards, (seconds per iteration, per node).
+    With `adapt`, `forward_seconds()` (the forward time so far: target, draft) and the clock replace the
+    overhead by its measured average and scale the curves by measured over predicted forward time."""
 
     name = "auto-tree"
 
     def __init__(self, drafter: DraftTree, ranks: Callable[[], RankAcceptance], target_cost: ForwardCost,
                  draft_cost: ForwardCost | None, forward_seconds: Callable[[], tuple[float, float]],
                  pending: Callable[[list[int]], int], prior: list[float] | None = None,
-                 max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH):
+                 max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
+                 tree_cost: ForwardCost | None = None, overhead: tuple[float, float] = (OVERHEAD_PRIOR, 0.0),
+                 adapt: bool = False):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
+        self.tree_cost = tree_cost or target_cost
         self.prior, self.max_nodes, self.max_depth = prior, max_nodes, max_depth
+        self.adapt = adapt
         self.choice: TreeChoice | None = None
         self.tree = TokenTree.chain(0)
-        self.overhead = OVERHEAD_PRIOR
+        self.overhead, self.per_node = overhead
         self.calls = 0
         self.used: dict[str, int] = {}
         self.predicted_tokens = self.predicted_seconds = 0.0
-        self.factors = [1.0, 1.0]  # measured over predicted forward seconds: target, draft
+        self.factors = [1.0, 1.0]  # measured over predicted forward seconds: target, draft (with adapt)
         # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft)
         self._last: tuple[float, float, float, float, float] | None = None
         self._start: tuple[float, int] | None = None
@@ -62,22 +69,25 @@ class AutoTree(Drafter):
         counts = self.ranks()
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
-        table = TreeTable(reach_of(rates), self.max_nodes, depth)
-        target_cost = self.target_cost.scaled(self.factors[0])
+        table = table_for(rates, self.max_nodes, depth)
+        tree_cost, plain_cost = self.tree_cost.scaled(self.factors[0]), self.target_cost.scaled(self.factors[0])
         draft_cost = self.draft_cost.scaled(self.factors[1]) if self.draft_cost is not None else None
-        self.choice = fastest_tree(table, target_cost, draft_cost, context, self.overhead, pending=pending)
+        self.choice = fastest_tree(table, tree_cost, draft_cost, context, self.overhead, pending=pending,
+                                   per_node=self.per_node, plain_cost=plain_cost)
         if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
-            seconds = iteration_seconds((1,), target_cost, draft_cost, context, self.overhead, pending)
+            seconds = iteration_seconds((1,), tree_cost, draft_cost, context, self.overhead + self.per_node,
+                                        pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self.tree = table.tree(self.choice.nodes, self.choice.depth)
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self.calls += 1
         now, (on_target, on_draft) = time.perf_counter(), self.forward_seconds()
-        if self._last is not None:  # the work between two proposals that was not a forward
+        if self.adapt and self._last is not None:  # the work between two proposals that was not a forward
             clock, target_before, draft_before, target_predicted, draft_predicted = self._last
             spent_target, spent_draft = on_target - target_before, on_draft - draft_before
-            self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, (now - clock) - spent_target - spent_draft)
+            other = (now - clock) - spent_target - spent_draft - self.per_node * self.tree.size
+            self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, other)
             if self.calls >= 3:  # the first iteration's forwards hold the prompt
                 for i, (spent, predicted) in enumerate(((spent_target, target_predicted),
                                                         (spent_draft, draft_predicted))):
@@ -101,8 +111,8 @@ class AutoTree(Drafter):
         widths = tuple(tree.widths())
         draft_predicted = (self.draft_cost(1, len(context)) + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
                            if widths and self.draft_cost is not None else 0.0)
-        self._last = (now + searched, on_target, on_draft, self.target_cost(pending + tree.size, len(context)),
-                      draft_predicted)
+        target_predicted = (self.tree_cost if tree.size else self.target_cost)(pending + tree.size, len(context))
+        self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted)
         return self.drafter.propose(context, tree) if tree.size else self.drafter.setup.empty()
 
     def accept(self, verdict: Verdict) -> None:
@@ -117,6 +127,7 @@ class AutoTree(Drafter):
             "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
-            "iteration_overhead_seconds": self.overhead,
+            "iteration_overhead_seconds": {"per_iteration": self.overhead, "per_node": self.per_node,
+                                           "measured": self.adapt},
             "forward_factors": {"target": self.factors[0], "draft": self.factors[1]},
         }

@@ -80,16 +80,18 @@ _COSTS: dict[str, ForwardCost] = {}
 calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
-def cost_key(model: LanguageModel) -> str:
+def cost_key(model: LanguageModel, masked: bool = False) -> str:
     dtype = getattr(model, "dtype", None)
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
-            f"torch={torch.__version__}")
+            f"torch={torch.__version__}" + ("|masked" if masked else ""))
 
 
-def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS) -> ForwardCost:
-    """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note)."""
-    key = cost_key(model)
+def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False) -> ForwardCost:
+    """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note).
+    `masked`: the forward given an explicit attention mask, as a tree's is (it may take a slower attention
+    path than the causal one)."""
+    key = cost_key(model, masked)
     if key in _COSTS:
         return _COSTS[key]
     store = _store_path() if _persistent(model) else None
@@ -103,7 +105,7 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS) ->
             return _COSTS[key]
     global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
-    cost = measure_forward_cost(model, tokens)
+    cost = measure_forward_cost(model, tokens, masked=masked)
     # a one-time cost, like compiling (which the model counts itself)
     calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
@@ -123,9 +125,11 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS) ->
 
 
 def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,
-                         contexts: tuple[int, ...] = COST_CONTEXTS, repeats: int = 4) -> ForwardCost:
+                         contexts: tuple[int, ...] = COST_CONTEXTS, repeats: int = 4,
+                         masked: bool = False) -> ForwardCost:
     """Median over `repeats` interleaved rounds of the seconds of a forward over k new tokens, k in `tokens`,
-    after each of `contexts` cached tokens (random token ids: the cost does not depend on which)."""
+    after each of `contexts` cached tokens (random token ids: the cost does not depend on which). `masked`:
+    each forward gets an explicit (causal) mask, the way a tree's forward does."""
     if model.max_length is not None:  # toy models' short horizons (the last position is never fed)
         contexts = tuple(sorted({max(1, min(c, (model.max_length - 1) // 2)) for c in contexts}))
         room = max(1, model.max_length - 1 - contexts[-1])
@@ -136,15 +140,17 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
     for context in contexts:
         cache = model.new_cache()
         model.forward(cache, ids[:, :context], logits_to_keep=1)
+        masks = {k: torch.ones(k, context + k, dtype=torch.bool).tril(context)[None].to(model.device) if masked
+                 else None for k in tokens}
         for k in tokens:  # warm-up: lazy initialisation, allocator, a compile per bucket
-            model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
+            model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k)
             model.crop(cache, context)
         times: list[list[float]] = [[] for _ in tokens]
         for _ in range(repeats):
             for j, k in enumerate(tokens):
                 _sync(model)
                 t0 = time.perf_counter()
-                model.forward(cache, ids[:, context : context + k], logits_to_keep=k)
+                model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k)
                 _sync(model)
                 times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
