@@ -1,5 +1,10 @@
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (the README's command runs two)
+    torch.set_num_threads(1)
 
 
 def tiny_llama(vocab: int = 64, seed: int = 0, layers: int = 2, hidden: int = 32, max_positions: int = 128):
