@@ -185,3 +185,55 @@ def test_long_feeds_attend_in_blocks_of_queries(monkeypatch):
     blocks = model.forward(model.new_cache(), torch.tensor([ids]))
     assert torch.allclose(blocks, whole, atol=1e-5)
     assert torch.allclose(blocks[0], full_logits(model, ids), atol=1e-4)
+
+
+def _bf16_llama(hidden: int = 384):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from multispec.models.hf import HFModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=6 * hidden, num_hidden_layers=2,
+                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 192,
+                         max_position_embeddings=512, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+                         tie_word_embeddings=False)
+    return HFModel(LlamaForCausalLM(config).to(torch.bfloat16), None, name=f"bf16-llama-{hidden}")
+
+
+def _nodes_differing_from_one_token_steps(model) -> int:
+    """Score a 28-node tree in one forward and each node again as one-token steps along its path (how `ar`
+    reaches it): how many nodes' logits are not bit for bit the same."""
+    ids = torch.randint(256, (1, 200), generator=torch.Generator().manual_seed(1))
+    past = 150
+    tree = TokenTree.from_branching([4, 2, 1, 1])
+    tokens = ids[:, past : past + tree.size]
+    cache = model.new_cache()
+    model.forward(cache, ids[:, :past], logits_to_keep=1)
+    mask = torch.zeros(1, tree.size, past + tree.size, dtype=torch.bool)
+    mask[:, :, :past] = True
+    mask[0, :, past:] = tree.visible
+    scored = model.forward(cache, tokens, positions=(past + tree.depth - 1)[None], mask=mask,
+                           logits_to_keep=tree.size)[0]
+    differing = 0
+    for node in range(tree.size):
+        cache = model.new_cache()
+        model.forward(cache, ids[:, :past], logits_to_keep=1)
+        for g in tree.path(node):
+            logits = model.forward(cache, tokens[:, g : g + 1], logits_to_keep=1)[0, -1]
+        differing += not torch.equal(logits, scored[node])
+    return differing
+
+
+def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
+    # a token's logits do not depend on how many tokens, or which tree, were scored with it: greedy
+    # speculative decoding in bfloat16 then gives greedy ar's tokens
+    from multispec.models import hf, static
+
+    model = _bf16_llama()
+    assert model.min_rows == hf.invariant_rows(model.model) >= 1
+    assert _nodes_differing_from_one_token_steps(model) == 0
+    # the known-wrong variant: unpadded one-row products and few-row attention
+    monkeypatch.setattr(static, "MIN_QUERY_ROWS", 1)
+    model._min_rows = 1
+    if _nodes_differing_from_one_token_steps(model) == 0:
+        pytest.skip("this machine's kernels give the same bits for any row count: the wrong variant shows nothing")

@@ -47,6 +47,45 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     return torch.bfloat16 if has_fast_bfloat16(device or "cpu") else torch.float32
 
 
+_INVARIANT_ROWS: dict[tuple, int] = {}
+MOST_ROWS_CHECKED = 20
+
+
+@torch.inference_mode()
+def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
+    """The fewest rows from which every linear map of `model`, as this machine computes it, gives each row
+    the same bits as a product over `most` rows. CPU libraries take another kernel (summing in another order)
+    for one row, or a few; a forward padded to this many rows scores a token the same whether it came alone or
+    with others. Measured once per set of shapes, dtype, device and thread count."""
+    from transformers.pytorch_utils import Conv1D
+
+    layers = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            layers.setdefault((module.in_features, module.out_features), module)
+        elif isinstance(module, Conv1D):
+            layers.setdefault((module.weight.shape[0], module.nf), module)
+    if not layers:
+        return 1
+    some = next(iter(layers.values())).weight
+    key = (tuple(sorted(layers)), some.dtype, str(some.device), torch.get_num_threads())
+    if key not in _INVARIANT_ROWS:
+        gen = torch.Generator().manual_seed(0)
+        fewest = 1
+        for (width, _), module in layers.items():
+            x = torch.randn(1, most, width, generator=gen).to(some.device, module.weight.dtype)
+            full = module(x)
+            for rows in range(most - 1, fewest - 1, -1):  # down from the top: the first that differs bounds it
+                # every row once, in products of `rows` rows (whether the order changes a rounding depends on
+                # the numbers, so one product is not enough to see it)
+                if any(not torch.equal(module(x[:, i : i + rows]), full[:, i : i + rows])
+                       for i in range(0, most, rows)):
+                    fewest = rows + 1
+                    break
+        _INVARIANT_ROWS[key] = fewest
+    return _INVARIANT_ROWS[key]
+
+
 def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -87,6 +126,17 @@ class HFModel(LanguageModel):
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
         self._compiled = None
         self._shapes: set[tuple[int, int]] = set()
+        self._min_rows: int | None = None
+
+    @property
+    def min_rows(self) -> int:
+        """Rows (batch rows x new tokens) an eager forward is padded to: `invariant_rows` in bfloat16 and
+        float16, where a kernel switch moves a logit by a rounding step often enough to change greedy
+        outputs; 1 in float32, whose steeper cost curve would charge every plain step for it."""
+        if self._min_rows is None:
+            reduced = self.dtype in (torch.bfloat16, torch.float16)
+            self._min_rows = invariant_rows(self.model) if reduced else 1
+        return self._min_rows
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None,
@@ -165,7 +215,9 @@ class HFModel(LanguageModel):
             cache.reserve(cache.capacity, rows=b)
         # a prompt (the first feed) runs eagerly: its length differs from call to call
         compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
-        width = _bucket(n) if compiled else n  # new entries written: n real, then padding
+        # new entries written: n real, then padding (a bucket for a compiled step; eagerly in a reduced
+        # precision, enough rows that every product takes the kernel it takes for many: batch invariance)
+        width = _bucket(n) if compiled else max(n, -(-self.min_rows // b))
         cache.reserve(past + width)
         total = past + width
         new = (positions.to(device) if positions is not None
@@ -196,11 +248,10 @@ class HFModel(LanguageModel):
         if compiled:
             logits = self._run_compiled(ids, pos, masks, slots, cache)
         else:
-            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, logits_to_keep)
-            n_out = logits.shape[1]
-            cache.length = total
-            out = logits[:, -min(n_out, logits_to_keep or n_out):]
-            return out[..., : self.vocab_size].float()
+            keep = min(n, logits_to_keep or n)
+            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n)
+            cache.length = past + n
+            return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
         cache.length = past + n
         logits = logits[:, :n]
         if logits_to_keep:

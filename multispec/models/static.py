@@ -23,6 +23,10 @@ import torch
 
 NAME = "multispec"
 QUERY_CHUNK = 512  # queries per block of attention scores (a long prompt's prefill)
+# the fewest query rows per key head a product is computed with: CPU matmul libraries switch kernels (and
+# summation order) for a handful of rows, so one token's scores would depend on how many were fed with it
+MIN_QUERY_ROWS = 16
+KEY_BLOCK = 256  # keys per block of the attention-weighted sum (see `_attend_block`)
 _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation before ours
 
 
@@ -76,6 +80,12 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> 
     b, hq, n, d = query.shape
     hk = keys.shape[1]
     group = hq // hk
+    short = -(-MIN_QUERY_ROWS // group) - n
+    if short > 0:  # batch invariance: a few query rows take other matmul kernels (summing in another order)
+        out = _attend_block(torch.nn.functional.pad(query, (0, 0, 0, short)), keys, values,
+                            None if mask is None else torch.nn.functional.pad(mask, (0, 0, 0, short)),
+                            scaling, softcap)
+        return out[:, :, :n].contiguous()  # a custom op returns what its fake promises: contiguous
     # grouped-query attention without repeating the keys: query heads j*group..(j+1)*group-1 use kv head j
     q = query.float().reshape(b, hk, group * n, d)
     scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scaling  # [B, Hkv, group * n, K]
@@ -84,8 +94,23 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> 
     scores = scores.view(b, hk, group, n, -1)
     if mask is not None:
         scores = scores + mask.float()[:, :, None]
-    probs = torch.softmax(scores, -1).view(b, hk, group * n, -1)
-    return torch.matmul(probs, values.float()).view(b, hq, n, -1).to(query.dtype)
+    # Batch invariance: softmax's sum runs over vector lanes, so it depends on which slots hold a tree node's
+    # keys, and a product's summation order depends on the key count. So a column of ones beside the values
+    # puts the normaliser in the product, and the keys are summed in fixed blocks of KEY_BLOCK slots from
+    # slot 0 (masked and padding slots weigh exactly 0), the blocks' sums added in order.
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(b, hk, group * n, -1)
+    width, dv = values.shape[2], values.shape[-1]
+    blocks = -(-width // KEY_BLOCK)
+    augmented = torch.zeros(b, hk, blocks * KEY_BLOCK, dv + 1, dtype=torch.float32, device=values.device)
+    augmented[:, :, :width, :dv] = values
+    augmented[:, :, :width, dv] = 1.0
+    weights = torch.nn.functional.pad(weights, (0, blocks * KEY_BLOCK - width))
+    weights = weights.view(b, hk, group * n, blocks, KEY_BLOCK).transpose(2, 3)  # [B, Hkv, blocks, rows, KEY_BLOCK]
+    partial = torch.matmul(weights, augmented.view(b, hk, blocks, KEY_BLOCK, dv + 1))  # [B, Hkv, blocks, rows, dv + 1]
+    out = partial[:, :, 0]
+    for i in range(1, blocks):
+        out = out + partial[:, :, i]
+    return (out[..., :dv] / out[..., dv:]).view(b, hq, n, -1).to(query.dtype)
 
 
 @attend.register_fake
