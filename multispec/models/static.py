@@ -8,7 +8,8 @@ mask's last dimension. So:
 - a rollback is a length change, and a tree commit moves only the accepted entries (`StaticKV.keep`);
 - every forward has the same shapes for the same number of new tokens and rows, which is what a compiled
   step needs (`HFModel` pads new tokens to buckets of 1, 2, 4, 8, ...);
-- attention is computed in float32 whatever the weights' type.
+- attention is computed, and the cache held, in float32 whatever the weights' type, and a token's output
+  does not depend on how many tokens were scored with it (`_attend_block`).
 
 Called without our keyword arguments (transformers' own `generate` on the same model), `attention` hands
 over to the implementation the model had before.
@@ -32,9 +33,8 @@ _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation be
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """query [B, Hq, n, d], key / value [B, Hkv, n, d]: the new tokens' (rotary already applied).
-    With `ms_keys`, `ms_values` (lists of per-layer buffers) and `ms_slots` ([n] long) in kwargs: write the
-    new entries at the slots, attend over the first `attention_mask.shape[-1]` entries. Returns
-    ([B, n, Hq, dv], None) like transformers' implementations."""
+    With `ms_keys`, `ms_values` (lists of per-layer `StaticKV` buffers) and `ms_slots` ([n] long) in kwargs:
+    write the new entries at the slots, attend over the first `attention_mask.shape[-1]` slots. Returns ([B, n, Hq, dv], None) like transformers' implementations."""
     keys_all = kwargs.get("ms_keys")
     if keys_all is None:
         return _fallback(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -50,13 +50,19 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         if keys.device != slots.device:  # a model spread over devices (device_map): each layer's buffer is on its own
             slots, attention_mask = slots.to(keys.device), attention_mask.to(keys.device)
         keys.index_copy_(2, slots, key.to(keys.dtype))
-        values.index_copy_(2, slots, value.to(values.dtype))
+        values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
-        k, v = keys[:, :, :width], values[:, :, :width]
+        k, v = keys[:, :, :width], values[:, :, : -(-width // KEY_BLOCK) * KEY_BLOCK]  # whole blocks of values
     else:
-        k, v = key, value
+        k, v = key.float(), with_ones(value)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
+
+
+def with_ones(values: torch.Tensor) -> torch.Tensor:
+    """[..., K, dv] -> float32 [..., K, dv + 1]: the values beside a column of ones, the layout `attend` takes
+    (the ones make the softmax normaliser part of the same product)."""
+    return torch.cat([values.float(), values.new_ones(*values.shape[:-1], 1, dtype=torch.float32)], -1)
 
 
 # An opaque operator in compiled graphs: inductor calls it as it is, so the key length may change from step
@@ -64,9 +70,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 @torch.library.custom_op("multispec::attend", mutates_args=())
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            scaling: float, softcap: float) -> torch.Tensor:
-    """query [B, Hq, n, d], keys / values [B, Hkv, K, d], additive float mask [B, 1, n, K] -> [B, Hq, n, dv],
-    in float32 whatever the inputs' type (torch's fused kernel is slower than this for a few queries on a
-    CPU), then cast back to the query's."""
+    """query [B, Hq, n, d], float32 keys [B, Hkv, K, d], float32 values with ones [B, Hkv, K', dv + 1]
+    (`with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
+    additive float mask [B, 1, n, K] -> [B, Hq, n, dv], computed in float32 whatever the
+    query's type (torch's fused kernel is slower than this for a few queries on a CPU), cast to the query's."""
     n = query.shape[2]
     if n <= QUERY_CHUNK:
         return _attend_block(query, keys, values, mask, scaling, softcap)
@@ -77,45 +84,43 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
 
 
 def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
+    # Batch invariance: a token's output must not depend on how many tokens, or which tree, it is scored
+    # with. So (1) every product has at least MIN_QUERY_ROWS rows (CPU matmul libraries switch kernels, and
+    # summation order, for a handful of rows); (2) the normaliser is a column of ones in the values product
+    # (softmax sums over vector lanes, so it would depend on which slots hold a node's keys); (3) keys are
+    # summed in fixed blocks of KEY_BLOCK slots from slot 0, the blocks' sums added in order (a product's
+    # summation order depends on its length). Masked slots, and those past the held entries, weigh exactly 0.
     b, hq, n, d = query.shape
-    hk = keys.shape[1]
+    hk, width = keys.shape[1], keys.shape[2]
     group = hq // hk
-    short = -(-MIN_QUERY_ROWS // group) - n
-    if short > 0:  # batch invariance: a few query rows take other matmul kernels (summing in another order)
-        out = _attend_block(torch.nn.functional.pad(query, (0, 0, 0, short)), keys, values,
-                            None if mask is None else torch.nn.functional.pad(mask, (0, 0, 0, short)),
-                            scaling, softcap)
-        return out[:, :, :n].contiguous()  # a custom op returns what its fake promises: contiguous
-    # grouped-query attention without repeating the keys: query heads j*group..(j+1)*group-1 use kv head j
-    q = query.float().reshape(b, hk, group * n, d)
-    scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scaling  # [B, Hkv, group * n, K]
+    span = -(-width // KEY_BLOCK) * KEY_BLOCK
+    if values.shape[2] < span:  # callers other than the static cache: pad to whole blocks
+        values = torch.nn.functional.pad(values, (0, 0, 0, span - values.shape[2]))
+    rows = group * n  # grouped-query attention without repeating keys: query heads j*group.. use kv head j
+    q = query.float().reshape(b, hk, rows, d)
+    if rows < MIN_QUERY_ROWS:
+        q = torch.nn.functional.pad(q, (0, 0, 0, MIN_QUERY_ROWS - rows))  # padding rows: zeros, scores 0
+    scores = torch.matmul(q, keys.float().transpose(-1, -2))  # [B, Hkv, rows+, K]
+    scores.mul_(scaling)
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    scores = scores.view(b, hk, group, n, -1)
     if mask is not None:
-        scores = scores + mask.float()[:, :, None]
-    # Batch invariance: softmax's sum runs over vector lanes, so it depends on which slots hold a tree node's
-    # keys, and a product's summation order depends on the key count. So a column of ones beside the values
-    # puts the normaliser in the product, and the keys are summed in fixed blocks of KEY_BLOCK slots from
-    # slot 0 (masked and padding slots weigh exactly 0), the blocks' sums added in order.
-    weights = torch.exp(scores - scores.amax(-1, keepdim=True)).view(b, hk, group * n, -1)
-    width, dv = values.shape[2], values.shape[-1]
-    blocks = -(-width // KEY_BLOCK)
-    augmented = torch.zeros(b, hk, blocks * KEY_BLOCK, dv + 1, dtype=torch.float32, device=values.device)
-    augmented[:, :, :width, :dv] = values
-    augmented[:, :, :width, dv] = 1.0
-    weights = torch.nn.functional.pad(weights, (0, blocks * KEY_BLOCK - width))
-    weights = weights.view(b, hk, group * n, blocks, KEY_BLOCK).transpose(2, 3)  # [B, Hkv, blocks, rows, KEY_BLOCK]
-    partial = torch.matmul(weights, augmented.view(b, hk, blocks, KEY_BLOCK, dv + 1))  # [B, Hkv, blocks, rows, dv + 1]
-    out = partial[:, :, 0]
-    for i in range(1, blocks):
-        out = out + partial[:, :, i]
-    return (out[..., :dv] / out[..., dv:]).view(b, hq, n, -1).to(query.dtype)
+        scores[:, :, :rows].view(b, hk, group, n, width).add_(mask.float()[:, :, None])
+    weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    if span > width:  # the slots past the last key weigh exactly 0
+        weights = torch.nn.functional.pad(weights, (0, span - width))
+    weights = weights.view(b * hk, -1, span)
+    values = values[:, :, :span].reshape(b * hk, span, -1)
+    out = torch.bmm(weights[..., :KEY_BLOCK], values[:, :KEY_BLOCK])  # [B * Hkv, rows+, dv + 1]
+    for start in range(KEY_BLOCK, span, KEY_BLOCK):
+        out = torch.baddbmm(out, weights[..., start : start + KEY_BLOCK], values[:, start : start + KEY_BLOCK])
+    out = out[:, :rows]
+    return (out[..., :-1] / out[..., -1:]).view(b, hq, n, -1).to(query.dtype)
 
 
 @attend.register_fake
 def _(query, keys, values, mask, scaling, softcap):
-    return query.new_empty((*query.shape[:-1], values.shape[-1]))
+    return query.new_empty((*query.shape[:-1], values.shape[-1] - 1))
 
 
 def _fallback(module):
@@ -159,14 +164,16 @@ def stock_attention(*models):
 
 
 class StaticKV:
-    """Preallocated keys and values for one model: per layer [rows, kv_heads, capacity, head_dim].
+    """Preallocated keys and values for one model, in float32 (the type attention runs in, so no layer
+    converts its cache at every step): per layer keys [rows, kv_heads, capacity, head_dim] and values beside
+    a column of ones [rows, kv_heads, capacity, head_dim + 1] (`with_ones`).
 
-    `length` entries are held in every row (the same count for all rows; rows are hypotheses). Capacity
-    grows by doubling when a forward needs more; `positions` [rows, capacity] keeps each entry's position
-    id for sliding-window masks."""
+    `length` entries are held in every row (the same count for all rows; rows are hypotheses). Capacity is
+    a multiple of KEY_BLOCK and grows by doubling when a forward needs more; `positions` [rows, capacity]
+    keeps each entry's position id for sliding-window masks."""
 
     def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...], torch.device]], dtype: torch.dtype,
-                 device: torch.device, capacity: int = 256):
+                 device: torch.device, capacity: int = KEY_BLOCK):
         self.shapes, self.dtype, self.device = shapes, dtype, device
         self.length = 0
         self.rows = 1
@@ -182,30 +189,34 @@ class StaticKV:
         rows = self.rows if rows is None else rows
         if needed <= self.capacity and rows == self.rows:
             return
-        capacity = max(self.capacity, 256)
+        capacity = max(self.capacity, KEY_BLOCK)
         while capacity < needed:
             capacity *= 2
         keep = min(self.length, capacity)
 
-        def grow(old: torch.Tensor | None, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-            new = torch.zeros((rows, shape[1], capacity, shape[3]), dtype=dtype, device=device)
+        def grow(old: torch.Tensor | None, heads: int, dim: int, device, ones: bool) -> torch.Tensor:
+            # zeros, not empty: slots past the held entries are multiplied by weight 0 (whole key blocks)
+            new = torch.zeros((rows, heads, capacity, dim + ones), dtype=torch.float32, device=device)
+            if ones:
+                new[..., -1] = 1.0
             if old is not None and keep:
                 new[: min(rows, old.shape[0]), :, :keep] = old[:rows, :, :keep]
             return new
 
         old_keys = self.keys or [None] * len(self.shapes)
         old_values = self.values or [None] * len(self.shapes)
-        self.keys = [grow(o, ks, self.dtype, dev) for o, (ks, _, dev) in zip(old_keys, self.shapes, strict=True)]
-        self.values = [grow(o, vs, self.dtype, dev) for o, (_, vs, dev) in zip(old_values, self.shapes, strict=True)]
+        self.keys = [grow(o, ks[1], ks[3], dev, False) for o, (ks, _, dev) in zip(old_keys, self.shapes, strict=True)]
+        self.values = [grow(o, vs[1], vs[3], dev, True)
+                       for o, (_, vs, dev) in zip(old_values, self.shapes, strict=True)]
         positions = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
         positions[: min(rows, self.positions.shape[0]), :keep] = self.positions[:rows, :keep]
         self.positions = positions
         self.capacity, self.rows = capacity, rows
 
     def held(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the held keys and values [rows, heads, length, d] (views)."""
+        """Per layer, the held keys and values [rows, heads, length, d] (float32 views)."""
         n = self.length
-        return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.keys, self.values, strict=True)]
+        return [(k[:, :, :n], v[:, :, :n, :-1]) for k, v in zip(self.keys, self.values, strict=True)]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
