@@ -24,9 +24,11 @@ import torch
 
 NAME = "multispec"
 QUERY_CHUNK = 512  # queries per block of attention scores (a long prompt's prefill)
-# the fewest query rows per key head a product is computed with: CPU matmul libraries switch kernels (and
-# summation order) for a handful of rows, so one token's scores would depend on how many were fed with it
+# CPU matmul libraries switch kernels (and summation order) for a handful of rows, so one token's scores would
+# depend on how many were fed with it: every product gets at least `query_rows(...)` rows, measured per machine
+# and never more than this
 MIN_QUERY_ROWS = 16
+_QUERY_ROWS: dict[tuple, int] = {}
 KEY_BLOCK = 256  # keys per block of the attention-weighted sum (see `_attend_block`)
 _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation before ours
 
@@ -83,9 +85,38 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
                       for i in range(0, n, QUERY_CHUNK)], 2)
 
 
-def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
+def query_rows(group: int, kv_heads: int, head_dim: int, value_dim: int, device) -> int:
+    """The fewest query rows per key head from which `_attend_block`, as this machine computes it, gives every
+    token the same bits whether it is attended alone or with others (up to MIN_QUERY_ROWS, which holds on
+    the machines measured so far). Measured once per shapes, device and thread count: a few hundred small
+    products, well under a second."""
+    key = (group, kv_heads, head_dim, value_dim, str(device), torch.get_num_threads())
+    if key not in _QUERY_ROWS:
+        gen = torch.Generator().manual_seed(0)
+        tokens = -(-2 * MIN_QUERY_ROWS // group)
+        fewest = 1
+        for width in (300, 700):  # one block of values and several, a partial last block in each
+            q = torch.randn(1, group * kv_heads, tokens, head_dim, generator=gen).to(device)
+            # slices of a larger buffer, as the cache's are (a library may choose its kernel by the strides)
+            keys = torch.randn(1, kv_heads, 1024, head_dim, generator=gen).to(device)[:, :, :width]
+            values = with_ones(torch.randn(1, kv_heads, 1024, value_dim, generator=gen).to(device))[:, :, :width]
+            mask = torch.zeros(1, 1, tokens, width, device=device)
+            full = _attend_block(q, keys, values, mask, 0.125, 0.0, MIN_QUERY_ROWS)
+            for rows in range(MIN_QUERY_ROWS - 1, fewest - 1, -1):  # down from the top: the first that fails bounds it
+                # every token in products of t tokens padded to `rows` rows (whether the order changes a
+                # rounding depends on the numbers, so one product is not enough to see it)
+                if any(not torch.equal(_attend_block(q[:, :, i : i + t], keys, values, mask[:, :, i : i + t],
+                                                     0.125, 0.0, rows), full[:, :, i : i + t])
+                       for t in range(1, tokens) if group * t < rows for i in range(0, tokens, t)):
+                    fewest = rows + 1
+                    break
+        _QUERY_ROWS[key] = fewest
+    return _QUERY_ROWS[key]
+
+
+def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min_rows: int | None = None):
     # Batch invariance: a token's output must not depend on how many tokens, or which tree, it is scored
-    # with. So (1) every product has at least MIN_QUERY_ROWS rows (CPU matmul libraries switch kernels, and
+    # with. So (1) every product has at least `query_rows(...)` rows (CPU matmul libraries switch kernels, and
     # summation order, for a handful of rows); (2) the normaliser is a column of ones in the values product
     # (softmax sums over vector lanes, so it would depend on which slots hold a node's keys); (3) keys are
     # summed in fixed blocks of KEY_BLOCK slots from slot 0, the blocks' sums added in order (a product's
@@ -98,8 +129,10 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float) -> 
         values = torch.nn.functional.pad(values, (0, 0, 0, span - values.shape[2]))
     rows = group * n  # grouped-query attention without repeating keys: query heads j*group.. use kv head j
     q = query.float().reshape(b, hk, rows, d)
-    if rows < MIN_QUERY_ROWS:
-        q = torch.nn.functional.pad(q, (0, 0, 0, MIN_QUERY_ROWS - rows))  # padding rows: zeros, scores 0
+    if min_rows is None:
+        min_rows = query_rows(group, hk, d, values.shape[-1] - 1, query.device)
+    if rows < min_rows:
+        q = torch.nn.functional.pad(q, (0, 0, 0, min_rows - rows))  # padding rows: zeros, scores 0
     scores = torch.matmul(q, keys.float().transpose(-1, -2))  # [B, Hkv, rows+, K]
     scores.mul_(scaling)
     if softcap:
