@@ -103,11 +103,11 @@ def query_rows(group: int, kv_heads: int, head_dim: int, value_dim: int, device)
             mask = torch.zeros(1, 1, tokens, width, device=device)
             full = _attend_block(q, keys, values, mask, 0.125, 0.0, MIN_QUERY_ROWS)
             for rows in range(MIN_QUERY_ROWS - 1, fewest - 1, -1):  # down from the top: the first that fails bounds it
-                # every token in products of t tokens padded to `rows` rows (whether the order changes a
-                # rounding depends on the numbers, so one product is not enough to see it)
+                # every token in products of t tokens padded to `rows` rows, or of exactly `rows` rows (whether
+                # the order changes a rounding depends on the numbers, so one product is not enough to see it)
                 if any(not torch.equal(_attend_block(q[:, :, i : i + t], keys, values, mask[:, :, i : i + t],
                                                      0.125, 0.0, rows), full[:, :, i : i + t])
-                       for t in range(1, tokens) if group * t < rows for i in range(0, tokens, t)):
+                       for t in range(1, tokens) if group * t <= rows for i in range(0, tokens, t)):
                     fewest = rows + 1
                     break
         _QUERY_ROWS[key] = fewest
