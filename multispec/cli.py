@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--top-p", type=float, default=1.0)
     tu.add_argument("--seed", type=int, default=0)
     tu.add_argument("--max-new-tokens", type=int, default=128)
-    tu.add_argument("--measure", type=int, default=3, help="measure the N best predicted plans (and ar)")
+    tu.add_argument("--measure", type=int, default=3, help="measure the N best predicted plans (and the best sd chain, and ar)")
     tu.add_argument("--target", default=None)
     tu.add_argument("--draft", default=None)
     tu.add_argument("--device", default=None)

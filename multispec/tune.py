@@ -5,11 +5,12 @@
              depth and sibling rank (`multispec.tree_search`), the per-iteration work besides forwards
              (fitted as a + b * nodes from the two shapes), and how much the forwards of trees and of chains
              cost against the curve (a tree's forward goes through an explicit mask); one `ar` run gives
-             its own per-step figures.
+             its own per-step figures, and one `sd` run its chains' (sd runs them another way than mcsd).
 3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
              sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
              predicted tokens/s.
-4. measure:  the best few predictions (and `ar`) run on the same prompts; the fastest measured is the plan.
+4. measure:  the best few predictions, the best `sd` chain and `ar` run on the same prompts; the fastest
+             measured is the plan.
 5. write:    a plan file (JSON; a chosen tree goes beside it) that `generate --plan` and `bench --plan` read.
 """
 
@@ -127,6 +128,13 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                               for _, st, _ in runs if st["iterations"]])
     plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
     ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
+    # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
+    # per-iteration work and forward factors, from one run, as ar's (mcsd's chain probes overstated them)
+    chained = _run(target, draft, prompts[1:2], "sd", {"gamma": PROBE_CHAIN, "drafter": "model"}, settings)[0]
+    sd_factors = _forward_factors([(TokenTree.chain(PROBE_CHAIN), chained, prompt_tokens[1])], target_cost,
+                                  draft_cost)["chain"]
+    sd_per_node = overhead[1]
+    sd_base = max(0.0, chained["other_seconds"] / max(1, chained["iterations"]) - sd_per_node * PROBE_CHAIN)
     lengths = [st["new_tokens"] for _, st, _ in runs]
     context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
     # the prompt's forward (prefill) is paid once per generation: spread over its new tokens
@@ -143,11 +151,15 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         return iteration_seconds(tuple(tree.widths()), target_cost.scaled(on_target), draft_cost.scaled(on_draft),
                                  context, overhead[0] + overhead[1] * tree.size)
 
+    def sd_seconds(chain: TokenTree) -> float:
+        return iteration_seconds(tuple(chain.widths()), target_cost.scaled(sd_factors[0]),
+                                 draft_cost.scaled(sd_factors[1]), context, sd_base + sd_per_node * chain.size)
+
     candidates = [Candidate("ar", "ar", {}, None, 1.0, ar_factor * target_cost(1, context) + ar_overhead, prefill)]
     for g in range(1, 9):
         chain = TokenTree.chain(g)
         candidates.append(Candidate(f"sd:gamma={g},drafter=model", "sd", {"gamma": g, "drafter": "model"}, chain,
-                                    tree_value(chain, reach), seconds(chain), prefill))
+                                    tree_value(chain, reach), sd_seconds(chain), prefill))
     for k in PAPER_K_CONFIGS:
         tree = TokenTree.from_branching([int(x) for x in k.split("x")])
         candidates.append(Candidate(f"mcsd:k_config={k},replacement=false", "mcsd",
@@ -176,7 +188,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                 tree_value(auto_tree, reach), seconds(auto_tree) + _search_seconds(table), prefill))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
-    to_measure = ranked[:measure] + ([] if candidates[0] in ranked[:measure] else [candidates[0]])
+    # the best few, and always ar and the best chain: a plan is then never a tree that measured slower on
+    # these prompts than plain sd
+    best_chain = next(c for c in ranked if c.method == "sd")
+    to_measure = ranked[:measure] + [c for c in (best_chain, candidates[0]) if c not in ranked[:measure]]
     for c in to_measure:
         say(f"measuring {c.label} (predicted {c.predicted_tokens_per_second:.1f} tokens/s) ...")
         stats = _run(target, draft, prompts, c.method, c.params, settings)
@@ -185,7 +200,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         c.measured_block_efficiency = new / max(1, sum(s["target_calls"] for s in stats))
     chosen = max(to_measure, key=lambda c: c.measured_tokens_per_second)
     probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
-             "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "ar": ar_factor}}
+             "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "sd": sd_factors,
+                                 "ar": ar_factor},
+             "sd_overhead_seconds": [sd_base, sd_per_node]}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 
 

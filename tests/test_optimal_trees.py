@@ -212,7 +212,11 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(4)]
     result = tune(target, draft, prompts, temperature=1.0, max_new_tokens=12, measure=2)
     measured = [c for c in result.candidates if c.measured_tokens_per_second is not None]
-    assert len(measured) in (2, 3) and any(c.method == "ar" for c in measured)  # the best two, and ar
+    # the best two, the best sd chain and ar
+    assert 2 <= len(measured) <= 4 and any(c.method == "ar" for c in measured)
+    best_chain = max((c for c in result.candidates if c.method == "sd"), key=lambda c: c.predicted_tokens_per_second)
+    assert best_chain.measured_tokens_per_second is not None
+    assert set(result.probe["forward_factors"]) == {"tree", "chain", "sd", "ar"}
     assert result.chosen.measured_tokens_per_second == max(c.measured_tokens_per_second for c in measured)
     assert result.ranks.tries[0, 0] > 0 and all(c.predicted_tokens_per_second > 0 for c in result.candidates)
     labels = {c.label.split(":")[0].split(",")[0] for c in result.candidates}

@@ -222,27 +222,38 @@ class HFModel(LanguageModel):
         total = past + width
         new = (positions.to(device) if positions is not None
                else torch.arange(past, past + n, device=device).expand(b, n))
-        pos = torch.empty(b, width, dtype=torch.long, device=device)
-        pos[:, :n] = new
-        pos[:, n:] = new[:, -1:]
-        cache.positions[:, past:total] = pos
-        allowed = torch.zeros(b, width, total, dtype=torch.bool, device=device)
-        if mask is None:
-            allowed[:, :n, :past] = True
-            allowed[:, :n, past : past + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        if width == n:
+            pos = new
         else:
-            allowed[:, :n, : past + n] = mask.to(device)
-        pad = torch.arange(n, width, device=device)
-        allowed[:, pad, past + pad] = True  # padding sees only itself
+            pos = torch.empty(b, width, dtype=torch.long, device=device)
+            pos[:, :n] = new
+            pos[:, n:] = new[:, -1:]
+        cache.positions[:, past:total] = pos
         minimum = torch.finfo(torch.float32).min
-        full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
         windowed = None
+        if mask is None and not self.sliding_window:
+            # a causal chain, the common step, in two operators: padding rows see causally too (their outputs
+            # are dropped, and no real row sees them)
+            full = torch.full((width, total), minimum, device=device).triu_(past + 1)[None, None].expand(b, 1, -1, -1)
+        else:
+            allowed = torch.zeros(b, width, total, dtype=torch.bool, device=device)
+            if mask is None:
+                allowed[:, :n, :past] = True
+                allowed[:, :n, past : past + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            else:
+                allowed[:, :n, : past + n] = mask.to(device)
+            pad = torch.arange(n, width, device=device)
+            allowed[:, pad, past + pad] = True  # padding sees only itself
+            full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
         if self.sliding_window:
             keys = cache.positions[:, :total]
             inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
             windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
-        ids = torch.zeros(b, width, dtype=torch.long, device=device)
-        ids[:, :n] = tokens.to(device)
+        if width == n:
+            ids = tokens.to(device)
+        else:
+            ids = torch.zeros(b, width, dtype=torch.long, device=device)
+            ids[:, :n] = tokens.to(device)
         slots = torch.arange(past, total, device=device)
         masks = self._masks(full, windowed)
         if compiled:
