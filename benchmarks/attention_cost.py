@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from multispec.models.static import KEY_BLOCK, _attend_block, with_ones
+from multispec.models.static import _attend_block, whole_blocks, with_ones
 
 
 def plain(query, keys, values, mask, scaling):
@@ -40,7 +40,7 @@ def main(repeats: int = 30) -> list[dict]:
         k, v = (torch.randn(1, 3, width, 64, generator=gen).bfloat16() for _ in range(2))
         mask = torch.zeros(1, 1, n, width)
         # the static cache's layout: float32, whole blocks of slots, values beside ones, padding masked
-        span = -(-width // KEY_BLOCK) * KEY_BLOCK
+        span = whole_blocks(width)
         k32 = torch.nn.functional.pad(k.float(), (0, 0, 0, span - width))
         v32 = with_ones(torch.nn.functional.pad(v, (0, 0, 0, span - width)))
         mask32 = torch.nn.functional.pad(mask, (0, span - width), value=torch.finfo(torch.float32).min)

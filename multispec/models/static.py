@@ -36,7 +36,8 @@ _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation be
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """query [B, Hq, n, d], key / value [B, Hkv, n, d]: the new tokens' (rotary already applied).
     With `ms_keys`, `ms_values` (lists of per-layer `StaticKV` buffers) and `ms_slots` ([n] long) in kwargs:
-    write the new entries at the slots, attend over the first `attention_mask.shape[-1]` slots. Returns ([B, n, Hq, dv], None) like transformers' implementations."""
+    write the new entries at the slots, attend over the first `attention_mask.shape[-1]` slots. Returns
+    ([B, n, Hq, dv], None) like transformers' implementations."""
     keys_all = kwargs.get("ms_keys")
     if keys_all is None:
         return _fallback(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
@@ -54,11 +55,16 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys.index_copy_(2, slots, key.to(keys.dtype))
         values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
-        k, v = keys[:, :, :width], values[:, :, : -(-width // KEY_BLOCK) * KEY_BLOCK]  # whole blocks of values
+        k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
     else:
         k, v = key.float(), with_ones(value)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
+
+
+def whole_blocks(width: int) -> int:
+    """`width` key slots rounded up to whole KEY_BLOCKs: the slots the values product reads."""
+    return -(-width // KEY_BLOCK) * KEY_BLOCK
 
 
 def with_ones(values: torch.Tensor) -> torch.Tensor:
@@ -124,7 +130,7 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min
     b, hq, n, d = query.shape
     hk, width = keys.shape[1], keys.shape[2]
     group = hq // hk
-    span = -(-width // KEY_BLOCK) * KEY_BLOCK
+    span = whole_blocks(width)
     if values.shape[2] < span:  # callers other than the static cache: pad to whole blocks
         values = torch.nn.functional.pad(values, (0, 0, 0, span - values.shape[2]))
     rows = group * n  # grouped-query attention without repeating keys: query heads j*group.. use kv head j
