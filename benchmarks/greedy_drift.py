@@ -3,6 +3,7 @@ tokens are the same, and where the first difference falls. Prompts: MT-Bench and
 n/2 each.
 
     python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd specinfer > drift-bf16.json
+    python benchmarks/greedy_drift.py bfloat16 30 48 sd:gamma=4 mcsd --compile > drift-compiled.json
 """
 
 import json
@@ -12,8 +13,8 @@ from multispec import generate, load_pair
 from multispec.bench.prompts import load_prompts
 
 
-def main(dtype: str, n: int, tokens: int, methods: list[str]) -> dict:
-    pair = load_pair(dtype=dtype)
+def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool = False) -> dict:
+    pair = load_pair(dtype=dtype, compile=compile)
     prompts = load_prompts(["mt-bench", "spec-bench-dev"], None, n // 2, True)
     rows = []
     for p in prompts:
@@ -25,9 +26,10 @@ def main(dtype: str, n: int, tokens: int, methods: list[str]) -> dict:
             a, s = ar.token_ids, out.token_ids
             first = next((i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y), None)
             rows.append({"prompt": p.id, "method": method, "same": a == s, "first_difference": first})
-    return {"dtype": dtype, "prompts": len(prompts), "tokens": tokens,
+    return {"dtype": dtype, "compile": compile, "prompts": len(prompts), "tokens": tokens,
             "same": {m: sum(r["same"] for r in rows if r["method"] == m) for m in methods}, "rows": rows}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] or ["sd:gamma=4"])))
+    methods = [a for a in sys.argv[4:] if a != "--compile"] or ["sd:gamma=4"]
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), methods, "--compile" in sys.argv[4:])))

@@ -174,6 +174,21 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     assert compiled.compiles == 1
 
 
+def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatch):
+    # the cache's capacity doubles (512 -> 1024 slots) during compiled steps, so the key blocks the values product
+    # reads (768 slots) stop filling the buffer: one graph throughout
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = tiny_llama(seed=5, max_positions=700)
+    model.compile = True
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([[(5 * i + 1) % 64 for i in range(505)]]))
+    for step in range(8):
+        model.forward(cache, torch.tensor([[step, 7, 9]]))
+        model.crop(cache, cache.length - 1)  # as a rejected draft is dropped
+    assert cache.length == 505 + 8 * 2 > 512
+    assert model.compiles == 1
+
+
 def test_long_feeds_attend_in_blocks_of_queries(monkeypatch):
     # a prompt longer than the query block gives the logits of one block
     from multispec.models import static

@@ -218,11 +218,13 @@ class HFModel(LanguageModel):
         # new entries written: n real, then padding (a bucket for a compiled step; eagerly in a reduced
         # precision, enough rows that every product takes the kernel it takes for many: batch invariance)
         width = _bucket(n) if compiled else max(n, -(-self.min_rows // b))
-        cache.reserve(past + width)
+        # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
+        # buffer always a block longer keeps one graph per bucket as the cache grows
+        cache.reserve(static.whole_blocks(past + width) + 1 if compiled else past + width)
         total = past + width
         new = (positions.to(device) if positions is not None
                else torch.arange(past, past + n, device=device).expand(b, n))
-        if width == n:
+        if width == n and not compiled:  # (a compiled graph is guarded on its inputs' strides: fresh ones always)
             pos = new
         else:
             pos = torch.empty(b, width, dtype=torch.long, device=device)
@@ -249,7 +251,7 @@ class HFModel(LanguageModel):
             keys = cache.positions[:, :total]
             inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
             windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
-        if width == n:
+        if width == n and not compiled:
             ids = tokens.to(device)
         else:
             ids = torch.zeros(b, width, dtype=torch.long, device=device)
