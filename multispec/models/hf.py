@@ -224,7 +224,9 @@ class HFModel(LanguageModel):
         total = past + width
         new = (positions.to(device) if positions is not None
                else torch.arange(past, past + n, device=device).expand(b, n))
-        if width == n and not compiled:  # (a compiled graph is guarded on its inputs' strides: fresh ones always)
+        # ids and positions are copied only when padded, or for a compiled graph (guarded on its inputs' strides)
+        as_given = width == n and not compiled
+        if as_given:
             pos = new
         else:
             pos = torch.empty(b, width, dtype=torch.long, device=device)
@@ -251,7 +253,7 @@ class HFModel(LanguageModel):
             keys = cache.positions[:, :total]
             inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
             windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
-        if width == n and not compiled:
+        if as_given:
             ids = tokens.to(device)
         else:
             ids = torch.zeros(b, width, dtype=torch.long, device=device)
