@@ -115,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--spread", action="store_true",
                    help="take each file's prompts from its categories in turn, so --limit covers all of them")
     b.add_argument("--method", action="append", default=None, metavar="SPEC",
-                   help="repeatable, parameters after a colon: --method sd:gamma=4; hf and hf-assisted are "
-                        "transformers' generate (default: every method at its defaults, hf, hf-assisted)")
+                   help="repeatable, parameters after a colon: --method sd:gamma=4; hf, hf-assisted, hf-lookup "
+                        "and hf-static are transformers' generate, llama-cpp is llama.cpp on a GGUF of the target "
+                        "(needs llama-cpp-python) (default: every method at its defaults and the hf peers)")
+    b.add_argument("--gguf", default=None, metavar="FILE",
+                   help="the GGUF file the llama-cpp peer runs (default: the shipped one, for the default target)")
     b.add_argument("--plan", action="append", default=[], metavar="FILE",
                    help="add the plan of a file written by `multispec tune` as a method (repeatable)")
     b.add_argument("--baseline", default="ar", help="speed-ups are against this method (added if not listed)")
@@ -250,7 +253,10 @@ def cmd_bench(args) -> int:
     methods = [*methods, *(load_plan(f).spec for f in args.plan)]
     bench.plan(methods, args.baseline)
     bench.check_settings(temperatures, max_new, args.top_k, args.top_p)
-    from .bench import sweep
+    from .bench import llamacpp, sweep
+
+    if args.gguf is not None:
+        llamacpp.gguf_for(None, args.gguf)  # a missing file is named before the models load
 
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
@@ -275,6 +281,7 @@ def cmd_bench(args) -> int:
         pair.target, pair.draft, prompts, methods, args.out, temperatures=temperatures, max_new_tokens=max_new,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=not args.no_chat, baseline=args.baseline,
         resume=args.resume, force=args.force, warmup=not args.no_warmup, models=pair.description, state=state,
+        gguf=args.gguf,
     )
     if summary is None:  # a sweep's other processes: the main one reports
         return 0

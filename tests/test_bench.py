@@ -464,6 +464,62 @@ def test_default_pair_one_prompt(tmp_path, default_pair):
     assert "SmolLM2" in (tmp_path / "out" / "report.md").read_text()
 
 
+# -- the llama-cpp peer ------------------------------------------------------------------------------
+
+def test_llama_cpp_peer_is_opt_in_and_named_in_errors(tmp_path, tiny_pair, monkeypatch):
+    from multispec.bench import llamacpp
+    from multispec.bench.runner import parse_method_spec
+
+    assert "llama-cpp" not in default_methods(True)  # an optional package: never a default
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    with pytest.raises(ValueError, match="needs the package llama-cpp-python, which is not installed: pip install"):
+        parse_method_spec("llama-cpp")
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    assert parse_method_spec("llama-cpp").name == "llama-cpp"
+    with pytest.raises(ValueError, match="takes no parameters"):
+        parse_method_spec("llama-cpp:threads=2")
+    with pytest.raises(ValueError, match="nope.gguf: no such file"):
+        llamacpp.gguf_for(tiny_pair[0], tmp_path / "nope.gguf")
+    # a target that is not the default pair's has no known GGUF: the run is refused before anything is written
+    prompts = load_prompts([id_prompts(tmp_path, 1)])
+    with pytest.raises(ValueError, match="needs a GGUF file of the target .*--gguf FILE"):
+        bench(tiny_pair, prompts, tmp_path / "out", methods=["ar", "llama-cpp"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_a_missing_gguf_file(tmp_path, capsys):
+    err = cli_error(capsys, "--prompts", id_prompts(tmp_path, 1), "--gguf", tmp_path / "missing.gguf",
+                    "--out", tmp_path / "out")
+    assert "missing.gguf: no such file" in err
+
+
+@pytest.mark.slow
+def test_llama_cpp_peer_on_the_shipped_gguf(tmp_path, default_pair):
+    pytest.importorskip("llama_cpp", reason="the llama-cpp peer is optional (llama-cpp-python builds llama.cpp)")
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"prompt": "What is the capital of France? Answer in one word.",
+                                "reference": "Paris", "category": "qa"}) + "\n")
+    run_bench(default_pair.target, None, load_prompts([path]), ["ar", "llama-cpp"], tmp_path / "out",
+              max_new_tokens=12, temperatures=[0, 1], progress=False, warmup=False)
+    rows = read_results(tmp_path / "out" / "results.jsonl")
+    peer = {r["temperature"]: r for r in rows if r["method"] == "llama-cpp"}
+    assert not any(r["error"] for r in rows), [r["error"] for r in rows]
+    for r in peer.values():
+        assert 1 <= r["new_tokens"] <= 12 and r["text"].strip() and r["tokens_per_second"] > 0
+        # one evaluation for the prompt and one per later token: no drafting
+        assert r["target_calls"] == r["new_tokens"] and r["draft_calls"] == 0
+        assert r["stopped"] == ("eos" if r["token_ids"][-1] in default_pair.target.stop_tokens else "length")
+    assert "Paris" in peer[0.0]["text"]  # the same weights as the target (4-bit), greedy: the answer the target gives
+    assert 1 < peer[0.0]["perplexity"] < 100  # scored under our target: the GGUF is the target's own
+    from multispec.bench.llamacpp import LlamaCppPeer, gguf_for
+    from multispec.warp import Sampling
+
+    peer_model = LlamaCppPeer(gguf_for(default_pair.target), torch.get_num_threads(), default_pair.target)
+    ids = default_pair.target.encode("Tell me a story.", chat=True)
+    draws = [peer_model.generate(ids, 10, Sampling(1.0), seed, frozenset())[0] for seed in (3, 3, 4)]
+    assert draws[0] == draws[1] and draws[0] != draws[2]  # the seed decides the draw, and only the seed
+
+
 # -- sweeps over processes ------------------------------------------------------------------------
 
 DETERMINED = ("text", "token_ids", "new_tokens", "target_calls", "draft_calls", "block_efficiency",

@@ -3,9 +3,11 @@ results.jsonl as soon as it is done (an interrupted run loses at most the genera
 `resume=True` continues it).
 
 Methods come from the registry `multispec.decoding.METHODS` (so methods added later are benchmarkable
-as they are) plus four baselines from outside the project: `hf` (transformers' `generate`), `hf-assisted`
-(`generate` with `assistant_model` = the draft) and `hf-lookup` (`generate` with prompt lookup). They run
-on the models as transformers ships them: this project's attention function is switched off for them.
+as they are) plus peers from outside the project: `hf` (transformers' `generate`), `hf-assisted`
+(`generate` with `assistant_model` = the draft), `hf-lookup` (`generate` with prompt lookup) and `hf-static`
+(its static cache and compiled forward) run on the models as transformers ships them (this project's
+attention function is switched off for them); `llama-cpp` runs llama.cpp on a GGUF file of the target where
+`llama-cpp-python` is installed (`llamacpp.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..decoding import METHODS
 from ..models.base import LanguageModel
 from ..params import parse_method
 from ..warp import Sampling
-from . import metrics, sweep
+from . import llamacpp, metrics, sweep
 from .energy import Meter, pick_meter
 from .memory import PeakMemory
 from .prompts import Prompt
@@ -37,7 +39,9 @@ BASELINES = {
     "hf-lookup": "transformers generate() with prompt_lookup_num_tokens=10 (its prompt lookup decoding)",
     "hf-static": "transformers generate() with a static cache and torch.compile on the forward (its documented "
                  "fast path)",
+    "llama-cpp": "llama.cpp (llama-cpp-python) on a GGUF file of the target; optional, not run by default",
 }
+OPTIONAL = {"llama-cpp"}  # peers that need a package the project does not depend on: listed, never defaults
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value
 RESULTS = "results.jsonl"
 # what a measured row holds beyond its key; a failed row holds them as None (one schema for every row)
@@ -64,6 +68,8 @@ def parse_method_spec(text: str) -> MethodSpec:
     if name in BASELINES:
         if given:
             raise ValueError(f"the baseline {name!r} takes no parameters, got {', '.join(given)}")
+        if name == "llama-cpp":
+            llamacpp.require()
         return MethodSpec(label, name, {}, needs_draft=name == "hf-assisted")
     if name not in METHODS:
         known = ", ".join([*sorted(METHODS), *BASELINES])
@@ -76,8 +82,10 @@ def parse_method_spec(text: str) -> MethodSpec:
 
 
 def default_methods(with_draft: bool = True) -> list[str]:
-    """Every registered method at its defaults, then the hf baselines (those needing a draft only with one)."""
-    names = [*sorted((n for n in METHODS if not METHODS[n].markov_only), key=lambda n: (n != "ar", n)), *BASELINES]
+    """Every registered method at its defaults, then the hf baselines (those needing a draft only with one);
+    the optional peers only when asked for."""
+    names = [*sorted((n for n in METHODS if not METHODS[n].markov_only), key=lambda n: (n != "ar", n)),
+             *(b for b in BASELINES if b not in OPTIONAL)]
     return [n for n in names if with_draft or not _needs_draft(n)]
 
 
@@ -182,13 +190,16 @@ def run_bench(
     progress: bool = True,
     models: dict[str, str] | None = None,
     state=None,
+    gguf: str | Path | None = None,
 ) -> dict | None:
     """Run the benchmark, write results.jsonl, summary.json, report.md and the plots in `out`; return the
     summary. `meter="auto"` picks a readable energy counter for the target's device, None measures none.
 
     `state`: accelerate's process state when the run is spread over processes (`sweep`): this process runs
     every N-th prompt into its shard, and the main process merges the shards, writes the report and returns
-    the summary (the others return None)."""
+    the summary (the others return None).
+
+    `gguf`: the GGUF file the `llama-cpp` peer runs (default: the shipped one, for the default target)."""
     from .report import write_report
 
     specs, base_label = plan(methods if methods is not None else default_methods(draft is not None), baseline)
@@ -199,6 +210,9 @@ def run_bench(
         needing = [s.label for s in specs if s.needs_draft]
         if needing:
             raise ValueError(f"method {needing[0]!r} needs a draft model; none was given")
+    peers = {}
+    if any(s.name == "llama-cpp" for s in specs):  # loaded once, before the run; a wrong file fails here
+        peers["llama-cpp"] = llamacpp.LlamaCppPeer(llamacpp.gguf_for(target, gguf), torch.get_num_threads(), target)
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
     main_process = rank == 0
     out = prepare_out(out, resume, force, delete=main_process)
@@ -237,7 +251,7 @@ def run_bench(
         for t, _, spec in {s.label: (t, p, s) for t, p, s in todo}.values():
             try:
                 ids = _prompt_ids(target, prompts[0], chat, ids_cache)
-                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(t, top_k, top_p), 0)
+                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(t, top_k, top_p), 0, peers)
             except Exception:  # the same failure is recorded on the measured rows
                 pass
 
@@ -253,7 +267,7 @@ def run_bench(
             try:
                 ids = _prompt_ids(target, prompt, chat, ids_cache)
                 row.update(_measure(spec, target, draft, ids, prompt.reference, max_new_tokens,
-                                    Sampling(t, top_k, top_p), row["seed"], meter))
+                                    Sampling(t, top_k, top_p), row["seed"], meter, peers))
                 row["error"] = None
             except Exception as e:  # one method failing on one prompt must not end the run
                 row.update(dict.fromkeys(MEASURED))
@@ -305,11 +319,11 @@ def _prompt_ids(target: LanguageModel, prompt: Prompt, chat: bool, cache: dict) 
     return cache[prompt.id]
 
 
-def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed, meter) -> dict:
+def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed, meter, peers=None) -> dict:
     _sync(target)
     before = meter.read() if meter is not None else None
     with PeakMemory(target.device) as peak:
-        tokens, stats = _generate(spec, target, draft, ids, max_new_tokens, sampling, seed)
+        tokens, stats = _generate(spec, target, draft, ids, max_new_tokens, sampling, seed, peers)
         _sync(target)
     energy = meter.joules(before, meter.read()) if meter is not None else None
     n = len(tokens)
@@ -342,7 +356,9 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
     return row
 
 
-def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed) -> tuple[list[int], dict]:
+def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed, peers=None) -> tuple[list[int], dict]:
+    if spec.name == "llama-cpp":
+        return peers["llama-cpp"].generate(ids, max_new_tokens, sampling, seed, target.stop_tokens)
     if spec.name in BASELINES:
         return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed,
                            lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0,
