@@ -303,6 +303,38 @@ def test_target_calls_are_the_forwards_the_target_ran(tmp_path, tiny_pair):
     assert any(r["target_calls"] < 6 for r in rows if r["method"] == "sd:gamma=3")  # drafts were accepted
 
 
+def test_hf_static_compiles_in_the_warmup_not_in_timed_rows(tmp_path, tiny_pair, monkeypatch):
+    # transformers sizes its static cache per call unless given max_cache_len, and a compiled prefill
+    # specialises on the first prompt's length: either recompiles the forward inside a timed row
+    from torch._dynamo.utils import counters
+
+    from multispec.bench import runner
+
+    path = tmp_path / "lengths.jsonl"
+    path.write_text("".join(json.dumps({"prompt": list(range(3, 3 + n))}) + "\n" for n in (3, 9, 5, 14)))
+    graphs = []
+    measure = runner._measure
+
+    def counted(spec, *a, **k):
+        before = counters["stats"]["unique_graphs"]
+        row = measure(spec, *a, **k)
+        if spec.name == "hf-static":
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+        return row
+
+    monkeypatch.setattr(runner, "_measure", counted)
+    torch._dynamo.reset()
+    counters.clear()
+    bench(tiny_pair, load_prompts([path]), tmp_path / "out", methods=["hf-static"], warmup=True)
+    rows = read_results(tmp_path / "out" / "results.jsonl")
+    assert not any(r["error"] for r in rows) and len(graphs) == 4
+    assert counters["stats"]["unique_graphs"] >= 2  # prefill and step were compiled (in the warm-up)
+    assert graphs == [0, 0, 0, 0]
+    # the cache is sized for the run's longest prompt and new tokens, once
+    assert tiny_pair[0].model._previous_max_cache_length == 14 + 6
+    torch._dynamo.reset()
+
+
 def test_same_seed_same_rows(tmp_path, tiny_pair):
     prompts = load_prompts([id_prompts(tmp_path, 2)])
     for name in ("x", "y"):

@@ -247,13 +247,21 @@ def run_bench(
     if skipped and progress:
         print(f"bench: {', '.join(skipped)} only sample: not run at temperature 0", file=sys.stderr)
     ids_cache: dict[str, list[int]] = {}
+    if any(s.name == "hf-static" for s in specs):
+        # transformers sizes its static cache per call unless told the largest length to expect; a cache that
+        # grows recompiles the forward inside a timed row, so give it the run's longest prompt + new tokens
+        lengths = {p.id: len(_prompt_ids(target, p, chat, ids_cache)) for p in prompts}
+        peers["hf-static"] = {"max_cache_len": max(lengths.values()) + max_new_tokens}
     if warmup:  # first calls pay for lazy initialisation; keep that out of the measurements
         for t, _, spec in {s.label: (t, p, s) for t, p, s in todo}.values():
-            try:
-                ids = _prompt_ids(target, prompts[0], chat, ids_cache)
-                _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(t, top_k, top_p), 0, peers)
-            except Exception:  # the same failure is recorded on the measured rows
-                pass
+            # a compiled prefill (hf-static) specialises on the first prompt's length and recompiles, once,
+            # with a dynamic length at the second: warm it up on two lengths
+            for prompt in _warmup_prompts(prompts, spec, chat, target, ids_cache):
+                try:
+                    ids = _prompt_ids(target, prompt, chat, ids_cache)
+                    _generate(spec, target, draft, ids, min(8, max_new_tokens), Sampling(t, top_k, top_p), 0, peers)
+                except Exception:  # the same failure is recorded on the measured rows
+                    pass
 
     from tqdm import tqdm
 
@@ -362,7 +370,8 @@ def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed, peers=No
     if spec.name in BASELINES:
         return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed,
                            lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0,
-                           static=spec.name == "hf-static")
+                           static=spec.name == "hf-static",
+                           max_cache_len=(peers or {}).get("hf-static", {}).get("max_cache_len"))
     r = generate(target, draft, ids, method=spec.name, max_new_tokens=max_new_tokens,
                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
                  score=False, **spec.params)  # scored in `_measure`, for the hf baselines too
@@ -370,12 +379,13 @@ def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed, peers=No
 
 
 def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int, lookup: int = 0,
-                static: bool = False):
+                static: bool = False, max_cache_len: int | None = None):
     """transformers' own generate() on the target's underlying model as transformers ships it (with the draft
     as assistant_model when given, with prompt lookup of `lookup` tokens when > 0; with `static`, the fast
     path transformers documents: `cache_implementation="static"` and the forward through `torch.compile`,
-    compiled once per model and kept), timed like `multispec.generate` (prefill included). Forward calls are
-    counted with hooks."""
+    compiled once per model and kept, with the static cache sized to `max_cache_len` when given, so that calls
+    with other lengths reuse the compiled forward), timed like `multispec.generate` (prefill included). Forward
+    calls are counted with hooks."""
     from ..models.hf import HFModel
     from ..models.static import stock_attention
 
@@ -393,6 +403,8 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
         kwargs["prompt_lookup_num_tokens"] = lookup
     if static:
         kwargs["cache_implementation"] = "static"
+        if max_cache_len is not None:
+            kwargs["max_cache_len"] = max_cache_len
         if getattr(target, "_hf_compiled_forward", None) is None:
             target._hf_compiled_forward = torch.compile(target.model.forward, mode="reduce-overhead", fullgraph=True)
         target.model.forward = target._hf_compiled_forward
@@ -417,6 +429,15 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     stopped = "eos" if tokens and tokens[-1] in target.stop_tokens else "length"
     return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
                     "acceptance_rate": None, "stopped": stopped}
+
+
+def _warmup_prompts(prompts: list[Prompt], spec: MethodSpec, chat: bool, target, ids_cache: dict) -> list[Prompt]:
+    """The prompts a method is warmed up on: the first, and for hf-static also one of another length."""
+    if spec.name != "hf-static":
+        return prompts[:1]
+    first = len(_prompt_ids(target, prompts[0], chat, ids_cache))
+    other = next((p for p in prompts[1:] if len(_prompt_ids(target, p, chat, ids_cache)) != first), None)
+    return prompts[:1] + ([other] if other is not None else [])
 
 
 def _load() -> float | None:
