@@ -8,8 +8,10 @@ mask's last dimension. So:
 - a rollback is a length change, and a tree commit moves only the accepted entries (`StaticKV.keep`);
 - every forward has the same shapes for the same number of new tokens and rows, which is what a compiled
   step needs (`HFModel` pads new tokens to buckets of 1, 2, 4, 8, ...);
-- attention is computed, and the cache held, in float32 whatever the weights' type, and a token's output
-  does not depend on how many tokens were scored with it (`_attend_block`).
+- attention is computed, and the cache held, in float32 whatever the weights' type, and on the eager path a
+  token's output does not depend on how many tokens were scored with it (`_attend_block`); a compiled step
+  traces plain softmax attention into its graph instead (`attend_traced`: fused, not batch-invariant, as
+  the rest of a compiled step is not).
 
 Called without our keyword arguments (transformers' own `generate` on the same model), `attention` hands
 over to the implementation the model had before.
@@ -31,6 +33,7 @@ MIN_QUERY_ROWS = 16
 _QUERY_ROWS: dict[tuple, int] = {}
 KEY_BLOCK = 256  # keys per block of the attention-weighted sum (see `_attend_block`)
 _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation before ours
+TRACED_ATTENTION = True  # compiled steps trace `attend_traced` (False: the opaque batch-invariant `attend`)
 
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -55,11 +58,35 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys.index_copy_(2, slots, key.to(keys.dtype))
         values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        if TRACED_ATTENTION and torch.compiler.is_compiling():
+            # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
+            # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
+            # operators per layer, a fifth of a compiled step, and compiled steps are not batch-invariant anyway
+            return attend_traced(query, keys[:, :, :width], values[:, :, :width, :-1], attention_mask,
+                                 float(scaling), float(softcap or 0.0)).transpose(1, 2), None
         k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
     else:
         k, v = key.float(), with_ones(value)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
+
+
+def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
+    """query [B, Hq, n, d], float32 keys [B, Hkv, K, d] and values [B, Hkv, K, dv], additive mask [B, 1, n, K]
+    -> [B, Hq, n, dv] in the query's type: softmax attention in float32, grouped queries without repeating
+    keys, for tracing into a compiled graph."""
+    b, hq, n, d = query.shape
+    hk = keys.shape[1]
+    group = hq // hk
+    q = query.float().reshape(b, hk, group * n, d)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [B, Hkv, group * n, K]
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None:
+        scores = (scores.view(b, hk, group, n, -1) + mask.float()[:, :, None]).view(b, hk, group * n, -1)
+    out = torch.matmul(torch.softmax(scores, -1), values)  # [B, Hkv, group * n, dv]
+    return out.view(b, hq, n, -1).to(query.dtype)
 
 
 def whole_blocks(width: int) -> int:
