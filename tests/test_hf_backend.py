@@ -189,6 +189,27 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
     assert model.compiles == 1
 
 
+def test_a_model_that_cannot_compile_runs_eagerly_with_one_line_saying_why(monkeypatch, capsys):
+    # a compile that fails (here: torch.compile itself raising) leaves the model decoding eagerly, same logits
+    eager, compiled = tiny_llama(seed=3), tiny_llama(seed=3)
+    compiled.compile = True
+
+    def refuse(*_, **__):
+        raise RuntimeError("inductor cannot lower this model")
+
+    monkeypatch.setattr(torch, "compile", refuse)
+    ce, cc = eager.new_cache(), compiled.new_cache()
+    for cache, model in ((ce, eager), (cc, compiled)):
+        model.forward(cache, torch.tensor([PROMPT]))
+    step = torch.tensor([[9, 4, 33]])
+    assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-5)
+    assert cc.length == ce.length and not compiled.compile and compiled.compiles == 0
+    err = capsys.readouterr().err
+    assert err.count("runs uncompiled: its compile failed (RuntimeError: inductor cannot lower this model)") == 1
+    assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-5)  # eagerly from now on
+    assert "compile failed" not in capsys.readouterr().err
+
+
 def test_long_feeds_attend_in_blocks_of_queries(monkeypatch):
     # a prompt longer than the query block gives the logits of one block
     from multispec.models import static
@@ -200,6 +221,32 @@ def test_long_feeds_attend_in_blocks_of_queries(monkeypatch):
     blocks = model.forward(model.new_cache(), torch.tensor([ids]))
     assert torch.allclose(blocks, whole, atol=1e-5)
     assert torch.allclose(blocks[0], full_logits(model, ids), atol=1e-4)
+
+
+def test_query_blocks_of_a_prompt_read_only_the_keys_they_see_and_give_the_same_bits(monkeypatch):
+    # each block of a causal prompt's queries reads the keys up to its last query's; the keys left out weigh
+    # exactly 0, so the logits and the cache are those of one block over every key, bit for bit
+    from multispec.models import static
+
+    model = tiny_llama(seed=4)
+    ids = torch.tensor([[(7 * i + 3) % 64 for i in range(40)]])
+
+    def prefill():
+        cache = model.new_cache()
+        return model.forward(cache, ids), [k[:, :, : cache.length].clone() for k in cache.keys]
+
+    whole, whole_keys = prefill()
+    widths = []
+    seen_width = static._seen_width
+    monkeypatch.setattr(static, "_seen_width", lambda mask: widths.append(seen_width(mask)) or widths[-1])
+    monkeypatch.setattr(static, "QUERY_CHUNK", 16)
+    blocks, block_keys = prefill()
+    assert widths[:3] == [16, 32, 40]  # the first layer's three blocks: causal, so block b sees 16 (b + 1) keys
+    assert torch.equal(blocks, whole)
+    assert all(torch.equal(a, b) for a, b in zip(block_keys, whole_keys, strict=True))
+    # one key too few for each block (a known-wrong cut) changes the logits
+    monkeypatch.setattr(static, "_seen_width", lambda mask: seen_width(mask) - 1)
+    assert not torch.allclose(prefill()[0], whole, atol=1e-3)
 
 
 def _bf16_llama(hidden: int = 384):

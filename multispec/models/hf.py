@@ -261,7 +261,15 @@ class HFModel(LanguageModel):
         slots = torch.arange(past, total, device=device)
         masks = self._masks(full, windowed)
         if compiled:
-            logits = self._run_compiled(ids, pos, masks, slots, cache)
+            try:
+                logits = self._run_compiled(ids, pos, masks, slots, cache)
+            except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
+                # nothing is committed before the compiled call returns (the length is set after it), so the
+                # same feed runs again from the top, eagerly
+                self.compile = False
+                print(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:200]})", file=sys.stderr)
+                return self.forward(cache, tokens, positions, mask, logits_to_keep)
         else:
             keep = min(n, logits_to_keep or n)
             logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n)

@@ -25,7 +25,7 @@ import sys
 import torch
 
 NAME = "multispec"
-QUERY_CHUNK = 512  # queries per block of attention scores (a long prompt's prefill)
+QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's prefill)
 # CPU matmul libraries switch kernels (and summation order) for a handful of rows, so one token's scores would
 # depend on how many were fed with it: every product gets at least `query_rows(...)` rows, measured per machine
 # and never more than this
@@ -112,10 +112,24 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     n = query.shape[2]
     if n <= QUERY_CHUNK:
         return _attend_block(query, keys, values, mask, scaling, softcap)
-    # a long prompt: blocks of queries bound the float32 scores held at once
-    return torch.cat([_attend_block(query[:, :, i : i + QUERY_CHUNK], keys, values,
-                                    None if mask is None else mask[:, :, i : i + QUERY_CHUNK], scaling, softcap)
-                      for i in range(0, n, QUERY_CHUNK)], 2)
+    # a long prompt: blocks of queries bound the float32 scores held at once, and each block reads the keys
+    # up to the last one any of its queries sees (a causal prompt's first blocks skip most of them). The
+    # slots left out would weigh exactly 0 and sit in whole value blocks past the ones read, so every token
+    # gets the same bits as over all the keys
+    out = []
+    for i in range(0, n, QUERY_CHUNK):
+        rows = None if mask is None else mask[:, :, i : i + QUERY_CHUNK]
+        width = keys.shape[2] if rows is None else _seen_width(rows)
+        out.append(_attend_block(query[:, :, i : i + QUERY_CHUNK], keys[:, :, :width],
+                                 values[:, :, : whole_blocks(width)], None if rows is None else rows[..., :width],
+                                 scaling, softcap))
+    return torch.cat(out, 2)
+
+
+def _seen_width(mask: torch.Tensor) -> int:
+    """1 + the last key slot that any row of an additive mask [B, 1, n, K] lets through (at least 1)."""
+    seen = (mask > torch.finfo(mask.dtype).min / 2).flatten(0, 2).any(0)
+    return max(1, int(seen.nonzero()[-1]) + 1) if bool(seen.any()) else 1
 
 
 def query_rows(group: int, kv_heads: int, head_dim: int, value_dim: int, device) -> int:
