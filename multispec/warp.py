@@ -49,22 +49,38 @@ class Sampling:
         return torch.softmax(z, dim=-1)
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None) -> torch.Tensor:
     """One draw per row of `probs` [..., V] (weights, need not sum to 1), by inverting the cumulative sum at
     a uniform: the law of `torch.multinomial(probs, 1)`, for one uniform per row instead of one random number
-    per vocabulary entry (13x faster for one draw over 49k tokens here). A zero-weight token is never drawn."""
+    per vocabulary entry (13x faster for one draw over 49k tokens here). A zero-weight token is never drawn.
+    `samples`: that many i.i.d. draws per row instead, [..., samples] (`multinomial(..., replacement=True)`'s
+    law; torch draws one random number per entry when it is asked for one sample)."""
     rows = probs.reshape(-1, probs.shape[-1])
     cdf = rows.double().cumsum(-1)  # float64: the law is not bent by rounding over a large vocabulary
     total = cdf[:, -1:]
     if not bool(torch.isfinite(total).all() and (total > 0).all()):
         raise ValueError("cannot draw from weights that are not finite or sum to zero")
-    u = torch.rand(rows.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    u = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device, dtype=torch.float64)
     # right=True: the first token whose cumulative weight exceeds u * total, which has weight > 0
     index = torch.searchsorted(cdf, u * total, right=True).clamp_max_(rows.shape[-1] - 1)
     if not bool((rows.gather(-1, index) > 0).all()):  # u * total rounded up to the total: take the last token
         last = rows.shape[-1] - 1 - (rows > 0).flip(-1).int().argmax(-1, keepdim=True)
         index = torch.where(rows.gather(-1, index) > 0, index, last)
-    return index.reshape(probs.shape[:-1])
+    return index.reshape(probs.shape[:-1]) if samples is None else index.reshape(*probs.shape[:-1], samples)
+
+
+def draw_without_replacement(weights: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """k indices of `weights` [V] drawn one after another without replacement, each from the weights left, in
+    draw order: the law of `torch.multinomial(weights, k, replacement=False)`, for k uniforms instead of one
+    random number per entry (which costs ~6 ms over a beam search's 3 x 49k (beam, token) pairs here)."""
+    if k > int((weights > 0).sum()):
+        raise ValueError(f"cannot draw {k} distinct indices from {int((weights > 0).sum())} with weight > 0")
+    left = weights.double().clone()
+    picks = torch.empty(k, dtype=torch.long, device=weights.device)
+    for i in range(k):
+        picks[i] = categorical(left, generator)
+        left[picks[i]] = 0
+    return picks
 
 
 def _top_k(z: torch.Tensor, k: int) -> torch.Tensor:

@@ -76,3 +76,45 @@ def test_categorical_at_the_top_of_the_uniform_takes_the_last_positive_weight(mo
     assert warp.categorical(torch.tensor([0.3, 0.7, 0.0, 0.0])).item() == 1
     with pytest.raises(ValueError, match="finite"):
         warp.categorical(torch.tensor([0.5, float("nan")]))
+
+
+def test_categorical_samples_are_iid_draws_per_row():
+    from multispec.warp import categorical
+
+    weights = torch.tensor([[0.2, 0.0, 0.8], [0.0, 3.0, 1.0]])  # unnormalised rows
+    g = torch.Generator().manual_seed(1)
+    n = 40_000
+    draws = categorical(weights[:, None].expand(-1, n, -1), g, samples=2)  # [2, n, 2]
+    assert draws.shape == (2, n, 2)
+    law = weights.double() / weights.double().sum(-1, keepdim=True)
+    for row in range(2):
+        pairs = torch.bincount(draws[row, :, 0] * 3 + draws[row, :, 1], minlength=9).double() / n
+        want = (law[row][:, None] * law[row][None, :]).flatten()  # independent draws: the product law
+        sigma = (want * (1 - want) / n).sqrt()
+        assert ((pairs - want).abs() <= 5 * sigma + 1e-12).all(), (row, pairs, want)
+
+
+def test_draws_without_replacement_follow_the_sequential_law():
+    from scipy.stats import chisquare
+
+    from multispec.warp import draw_without_replacement
+
+    w = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.0], dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    n = 20_000
+    counts = torch.zeros(5, 5, dtype=torch.float64)
+    for _ in range(n):
+        i, j = draw_without_replacement(w, 2, g).tolist()
+        counts[i, j] += 1
+    assert counts.diagonal().sum() == 0 and counts[4].sum() == 0 and counts[:, 4].sum() == 0
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]
+    observed = [counts[i, j].item() for i, j in pairs]
+    # the first draw from w, the second from what is left: torch.multinomial(w, 2, replacement=False)'s law
+    sequential = [n * w[i].item() * w[j].item() / (1 - w[i].item()) for i, j in pairs]
+    assert chisquare(observed, sequential).pvalue > 1e-3
+    # a plausible wrong law (independent draws, repeats rejected) fails the same test on the same draws
+    product = [w[i].item() * w[j].item() for i, j in pairs]
+    wrong = [n * p / sum(product) for p in product]
+    assert chisquare(observed, wrong).pvalue < 1e-6
+    with pytest.raises(ValueError, match="cannot draw 5 distinct indices from 4"):
+        draw_without_replacement(w, 5, g)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import Hypotheses, Session
+from ..warp import categorical
 from .registry import LENGTH_PENALTY, Method, Param, register
 
 
@@ -35,7 +36,7 @@ def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float
             picks = torch.topk(joint, min(width, int(torch.isfinite(joint).sum()))).indices
         else:
             weights = s.sampling.probs(joint)
-            picks = torch.multinomial(weights, width, replacement=True, generator=s.generator)
+            picks = categorical(weights, s.generator, samples=width)
         vocab = logp.shape[-1]
         parents, tokens = picks // vocab, picks % vocab
         scores = joint[picks]

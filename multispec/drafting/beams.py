@@ -14,6 +14,7 @@ from ..engine import Entries, Hypotheses, ModelRunner
 from ..trees import TokenTree
 from ..verify.beam import beam_distribution
 from ..verify.verdict import Verdict
+from ..warp import categorical, draw_without_replacement
 from .base import Proposal, Setup
 from .model import ModelDrafter
 
@@ -121,7 +122,7 @@ class BeamDraft(ModelDrafter):
         if self.deterministic or self.setup.sampling.greedy:
             return torch.topk(log_weights, k).indices
         weights = torch.softmax(log_weights[support], -1)
-        return support[torch.multinomial(weights.float(), k, replacement=False, generator=self.setup.generator)]
+        return support[draw_without_replacement(weights, k, self.setup.generator)]
 
 
 @dataclass
@@ -167,7 +168,7 @@ class ForestDraft(ModelDrafter):
             logq = torch.log_softmax(logits.double(), -1)  # [P, V]
             vocab = logq.shape[-1]
             beam = beam_distribution(scores, logq, setup.sampling)
-            picks = torch.multinomial(beam.float(), width, replacement=True, generator=setup.generator)
+            picks = categorical(beam, setup.generator, samples=width)
             at, tokens = picks // vocab, picks % vocab
             scores = scores[at] + logq[at, tokens]
             roots = [roots[a] for a in at.tolist()]

@@ -13,6 +13,7 @@ import torch
 from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
+from ..warp import categorical
 from .base import Drafter, Proposal, Setup
 
 
@@ -158,7 +159,7 @@ def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: tor
     """
     n, vocab = probs.shape
     if replacement:
-        tokens = torch.multinomial(probs, k, replacement=True, generator=generator)
+        tokens = categorical(probs, generator, samples=k)
         return tokens, torch.ones_like(tokens, dtype=torch.bool)
     # an exponential race (arrival time Exp(1) / q), arrivals kept in time order, is the sequential draw
     # order without replacement; tokens with q = 0 never arrive

@@ -84,7 +84,7 @@ def beam_layer_verify(
         outputs.append(int(categorical(running, generator)))
         fills = width - len(outputs)
         if fills > 0:
-            outputs += torch.multinomial(target.float(), fills, replacement=True, generator=generator).tolist()
+            outputs += categorical(target, generator, samples=fills).tolist()
     beams = tuple(Beam(*divmod(c, vocab)) for c in outputs)
     return Verdict(tuple(accepted), tuple(b.token for b in beams[: len(accepted)]),
                    beams[drawn].token if rejected else None, rejected, beams, drawn)
@@ -171,7 +171,7 @@ def forest_verify(
     for d in range(1, len(layers) + 2):
         target_beam = beam_distribution(scores, logp, sampling, live.to(logp.device))
         if d > len(layers):  # every draft layer passed
-            outputs = torch.multinomial(target_beam.float(), beam_width, replacement=True, generator=generator).tolist()
+            outputs = categorical(target_beam, generator, samples=beam_width).tolist()
             drawn = 0
             break
         layer = layers[d - 1]
