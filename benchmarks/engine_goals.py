@@ -90,9 +90,9 @@ def main() -> None:
         if any(r["method"] == "dsbd" for r in here):
             ppl = {m: median([r["perplexity"] for r in here if r["method"] == m and r["perplexity"]])
                    for m in ("dsbd", *BEAMS)}
-            print("\ndsbd against beam (median perplexity; speed ratio over all prompts): " + "; ".join(
-                f"{m}: PPL {fmt(ppl[m])}, dsbd / {m} {fmt(ratio('dsbd', m, speeds, by_cat['all'])[0])}"
-                for m in BEAMS))
+            print(f"\ndsbd against beam (median perplexity, dsbd {fmt(ppl['dsbd'])}; speed ratio over all prompts): "
+                  + "; ".join(f"{m}: PPL {fmt(ppl[m])}, dsbd / {m} {fmt(ratio('dsbd', m, speeds, by_cat['all'])[0])}"
+                              for m in BEAMS))
         print("\nmedian tokens/s (all prompts) and time per target call, ms: target forward / draft forwards / other")
         print("\n| method | tokens/s | block eff. | target | draft | other |\n|---|---|---|---|---|---|")
         for m in dict.fromkeys(r["method"] for r in here):
