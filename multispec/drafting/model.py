@@ -161,13 +161,20 @@ def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: tor
     if replacement:
         tokens = categorical(probs, generator, samples=k)
         return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    # an exponential race (arrival time Exp(1) / q), arrivals kept in time order, is the sequential draw
-    # order without replacement; tokens with q = 0 never arrive
-    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
-    arrival = -torch.log1p(-uniform) / probs
-    first = torch.topk(arrival, min(k, vocab), dim=-1, largest=False, sorted=True).indices
-    live = probs.gather(-1, first) > 0
-    return _pad(torch.where(live, first, first[:, :1]), live, k)
+    # one draw after another from what is left of each row, by inverting its cumulative sum (one uniform per
+    # draw; an exponential race over the whole row costs one random number per vocabulary entry)
+    left = probs.double().clone()
+    columns, alive = [], []
+    for _ in range(min(k, vocab)):
+        live = left.sum(-1) > 0  # [n]: rows whose support is used up get padding
+        if not bool(live.any()):
+            break
+        drawn = categorical(torch.where(live[:, None], left, probs.double()), generator)  # [n]
+        columns.append(drawn)
+        alive.append(live)
+        left.scatter_(-1, drawn[:, None], 0.0)
+    tokens, live = torch.stack(columns, 1), torch.stack(alive, 1)
+    return _pad(torch.where(live, tokens, tokens[:, :1]), live, k)
 
 
 def top_children(logits: torch.Tensor, k: int):
