@@ -13,7 +13,7 @@ import torch
 from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
-from ..warp import categorical
+from ..warp import categorical, sequential_draws
 from .base import Drafter, Proposal, Setup
 
 
@@ -157,23 +157,10 @@ def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: tor
     k, the slots past the support are padding (a copy of the first child, live False): MCSD §8.11(b),
     exact because Algorithm 2 is exact for any number of candidates up to the support.
     """
-    n, vocab = probs.shape
     if replacement:
         tokens = categorical(probs, generator, samples=k)
         return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    # one draw after another from what is left of each row, by inverting its cumulative sum (one uniform per
-    # draw; an exponential race over the whole row costs one random number per vocabulary entry)
-    left = probs.double().clone()
-    columns, alive = [], []
-    for _ in range(min(k, vocab)):
-        live = left.sum(-1) > 0  # [n]: rows whose support is used up get padding
-        if not bool(live.any()):
-            break
-        drawn = categorical(torch.where(live[:, None], left, probs.double()), generator)  # [n]
-        columns.append(drawn)
-        alive.append(live)
-        left.scatter_(-1, drawn[:, None], 0.0)
-    tokens, live = torch.stack(columns, 1), torch.stack(alive, 1)
+    tokens, live = sequential_draws(probs, k, generator)
     return _pad(torch.where(live, tokens, tokens[:, :1]), live, k)
 
 

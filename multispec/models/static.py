@@ -25,7 +25,7 @@ import sys
 import torch
 
 NAME = "multispec"
-QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's prefill)
+QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's prefill; bounds the scores held)
 # CPU matmul libraries switch kernels (and summation order) for a handful of rows, so one token's scores would
 # depend on how many were fed with it: every product gets at least `query_rows(...)` rows, measured per machine
 # and never more than this
@@ -50,6 +50,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         probe.append((module.layer_idx, tuple(key.shape), tuple(value.shape), key.device))
         keys_all = None
     layer = module.layer_idx
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     if keys_all is not None:
         keys, values = keys_all[layer], kwargs["ms_values"][layer]
         slots = kwargs["ms_slots"]
@@ -58,17 +59,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys.index_copy_(2, slots, key.to(keys.dtype))
         values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
-        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         if TRACED_ATTENTION and torch.compiler.is_compiling():
             # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
             # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
-            # operators per layer, a fifth of a compiled step, and compiled steps are not batch-invariant anyway
+            # operators per layer, and compiled steps are not batch-invariant anyway
             return attend_traced(query, keys[:, :, :width], values[:, :, :width, :-1], attention_mask,
                                  float(scaling), float(softcap or 0.0)).transpose(1, 2), None
         k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
     else:
         k, v = key.float(), with_ones(value)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
 
 
