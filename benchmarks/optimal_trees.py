@@ -6,7 +6,7 @@ counts (the highest expected accepted tokens under the acceptance tune measured)
 and the tuned plan. One row per (category, temperature, method, prompt) is appended to rows.jsonl as it
 finishes (a rerun skips finished rows); `--summarise` writes summary.md from the rows.
 
-    python benchmarks/optimal_trees.py --out benchmarks/results/<run> [--per-half 5] [--max-new-tokens 128]
+    python benchmarks/optimal_trees.py --out benchmarks/results/<run> [--per-half 5] [--max-new-tokens 128] [--compile]
     python benchmarks/optimal_trees.py --out benchmarks/results/<run> --summarise
 """
 
@@ -47,7 +47,7 @@ def run(args) -> None:
         for line in rows_path.read_text().splitlines():
             r = json.loads(line)
             done.add((r["combo"], r["method"], r["prompt"]))
-    pair = load_pair()
+    pair = load_pair(compile=args.compile)
     warmed: list[bool] = []
     for prompt_set, category, t in combos(args.temperatures):
         combo = f"{category or prompt_set}-T{t:g}"
@@ -80,9 +80,14 @@ def run(args) -> None:
             methods[f"mcsd:optimal-{n}"] = ("mcsd", {"tree": best, "replacement": False,
                                                      "_predicted": tree_value(best, reach),
                                                      "_kconfig_predicted": tree_value(tree, reach)})
-        # adapt: as in the rows of part 1 (run before tree=auto's default became the reproducible one)
-        methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "adapt": True,
-                                              "replacement": False})
+        # tree=auto as tune offers it (its prior and measured per-iteration work); --adapt: the clock-following
+        # variant that sessions 22-24's rows ran
+        auto = next((c["plan"] for c in evidence["candidates"] if c["plan"].startswith("mcsd:tree=auto")), None)
+        if args.adapt or auto is None:
+            methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "adapt": True,
+                                                  "replacement": False})
+        else:
+            methods["mcsd:tree=auto"] = (auto, {})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
         methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
         for label, (method, params) in methods.items():
@@ -106,7 +111,8 @@ def run(args) -> None:
                 row = {"combo": combo, "method": label, "prompt": p.id, "new_tokens": st["new_tokens"],
                        "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
                        "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
-                       "other_seconds": st["other_seconds"], **extra}
+                       "other_seconds": st["other_seconds"], "prefill_seconds": st.get("prefill_seconds"),
+                       "compiles": st.get("compiles"), "compiled": args.compile, **extra}
                 with rows_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"[{combo}] {label} {p.id}: {st['tokens_per_second']:.1f} tokens/s, "
@@ -189,6 +195,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--only", nargs="+", default=None, help="only the combos whose names start so (e.g. qa-T0)")
+    p.add_argument("--compile", action="store_true", help="compiled forwards for our methods (hf stays as it ships)")
+    p.add_argument("--adapt", action="store_true", help="tree=auto follows the call's clock (adapt=true)")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

@@ -278,7 +278,9 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) ->
         # where the decoding time went: target forwards, draft forwards, everything else (drafting logic,
         # warping, sampling, verifying, committing)
         "target_seconds": target_seconds,
+        "prefill_seconds": s.target.prefill,  # of target_seconds: the prompt's forward
         "draft_seconds": draft_seconds,
+        "draft_prefill_seconds": s.draft.prefill if s.draft is not None else 0.0,
         "other_seconds": max(0.0, seconds - forward),
         "compiles": compiles,  # graphs compiled during this call (0 in steady state)
         "block_efficiency": new / target_calls if target_calls else 0.0,

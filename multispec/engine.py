@@ -98,6 +98,7 @@ class ModelRunner:
         self.fed: Counter[int] = Counter()  # forwards by the tokens they fed (rows x tokens per row)
         self.seconds = 0.0  # in forwards, one-time compiles included
         self.one_time = 0.0  # of which: compiling forwards for new shapes
+        self.prefill = 0.0  # of which: the first forward (the prompt), compiles not included
         self._compiled_seen = getattr(model, "compile_seconds", 0.0)
         # the tentative entries' depths [B, T] and visibility among themselves [B, T, T]; None while they form
         # one chain in every row
@@ -152,11 +153,13 @@ class ModelRunner:
         tokens = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
         positions = torch.cat(positions, 1) if len(positions) > 1 else positions[0]
         mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), (self.seconds, self.one_time)
         logits = self.model.forward(self.cache, tokens, positions.to(device),
                                     None if mask is None else mask.to(device),
                                     logits_to_keep=s + (1 if n_pending else 0))
         self._timed(t0)
+        if self.committed == 0:
+            self.prefill += (self.seconds - before[0]) - (self.one_time - before[1])
         self.calls += 1
         self.fed[tokens.numel()] += 1
         self.committed = length

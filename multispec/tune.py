@@ -137,8 +137,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     sd_base = max(0.0, chained["other_seconds"] / max(1, chained["iterations"]) - sd_per_node * PROBE_CHAIN)
     lengths = [st["new_tokens"] for _, st, _ in runs]
     context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
-    # the prompt's forward (prefill) is paid once per generation: spread over its new tokens
-    prefill = target_cost(int(np.mean(prompt_tokens)), 0) / max(1.0, float(np.mean(lengths)))
+    # the prompt's forwards (prefill, measured in the probe runs) are paid once per generation: spread over
+    # its new tokens
+    prefill = (sum(st["prefill_seconds"] + st["draft_prefill_seconds"] for _, st, _ in runs)
+               / max(1.0, float(sum(lengths))))
     factors = _forward_factors(runs, target_cost, draft_cost)
     ar_factor = _forward_factors([(TokenTree.chain(0), plain, prompt_tokens[0])], target_cost, draft_cost)["chain"][0]
 
@@ -208,8 +210,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
 
 def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost) -> dict[str, tuple[float, float]]:
     """Measured over predicted forward seconds, target and draft, for tree and chain proposals: a forward over
-    a tree goes through an explicit mask and costs more than the causal forward the curve measured. Each
-    run's first call also holds the prompt, whose predicted cost is taken off."""
+    a tree may cost otherwise than the causal forward the curve measured. Each model's first call holds the
+    prompt (the target's also the first tree): its measured seconds are taken off, and that call with them."""
     out = {}
     for kind in ("tree", "chain"):
         t_meas = t_pred = d_meas = d_pred = 0.0
@@ -218,11 +220,13 @@ def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost) ->
             if ("chain" if shape.is_chain else "tree") != kind or calls < 2:
                 continue
             c = n_prompt + st["new_tokens"] // 2
-            t_meas += st["target_seconds"] - target_cost(n_prompt, 0)
-            t_pred += calls * target_cost(1 + shape.size, c)
+            t_meas += st["target_seconds"] - st["prefill_seconds"]
+            t_pred += (calls - 1) * target_cost(1 + shape.size, c)
             if shape.size and st["draft_calls"]:
-                d_meas += st["draft_seconds"] - draft_cost(n_prompt, 0)
-                d_pred += st["iterations"] * (draft_cost(1, c) + sum(draft_cost(w, c) for w in shape.widths()[:-1]))
+                d_meas += st["draft_seconds"] - st["draft_prefill_seconds"]
+                # every iteration drafts each level but the last; all but the first catch up a token first
+                d_pred += st["iterations"] * sum(draft_cost(w, c) for w in shape.widths()[:-1]) + \
+                    (st["iterations"] - 1) * draft_cost(1, c)
         out[kind] = tuple(float(np.clip(m / p, 0.5, 3.0)) if p > 0 and m > 0 else 1.0
                           for m, p in ((t_meas, t_pred), (d_meas, d_pred)))
     return out

@@ -282,6 +282,28 @@ def test_forward_cost_interpolates_between_measured_token_counts():
         ForwardCost((1.0, 2.0), tokens=(1, 2, 3))
 
 
+def test_a_padded_models_cost_is_a_staircase_of_its_buckets():
+    # a compiled step pads 17 new tokens to 32: it costs what the measured count of that bucket (24) cost, not
+    # an interpolation between 16 and 24; past the padded range the curve interpolates again
+    tokens = (1, 2, 3, 4, 5, 8, 16, 24, 48, 65)
+    seconds = (1.0, 1.1, 1.3, 1.3, 1.6, 1.6, 2.0, 3.0, 5.0, 7.0)
+    stepped, straight = ForwardCost(seconds, tokens=tokens, padded=64), ForwardCost(seconds, tokens=tokens)
+    assert stepped(17) == 3.0 and straight(17) == pytest.approx(2.125)
+    assert stepped(6) == stepped(7) == 1.6 and stepped(3) == 1.3 and stepped(16) == 2.0
+    assert stepped(33) == stepped(64) == 5.0
+    assert stepped(65) == 7.0 and stepped(66) == straight(66)
+    assert stepped.scaled(2.0)(17) == 6.0
+
+
+def test_a_compiled_models_curve_steps_by_its_buckets(tiny_llama_model):
+    assert tiny_llama_model.padded_tokens == 0 and forward_cost(tiny_llama_model).padded == 0
+    from tests.conftest import tiny_llama
+
+    compiled = tiny_llama()
+    compiled.compile = True
+    assert compiled.padded_tokens == 64
+
+
 def test_forward_cost_interpolates_between_contexts_and_extends_past_the_measured_lengths():
     cost = ForwardCost(((1.0, 2.0), (3.0, 5.0)), (100, 300))
     assert cost(1, 100) == 1.0 and cost(2, 300) == 5.0

@@ -238,6 +238,19 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert len(generate(target, draft, [1, 2, 3], method=spec, max_new_tokens=6).token_ids) == 6
 
 
+def test_stats_hold_the_prompts_forward_apart():
+    # the target's first forward (the prompt) is timed on its own: a call of one new token is that forward
+    # alone; with more tokens it is a part of the target's time. tune prices prefill from it.
+    from tests.conftest import tiny_llama
+
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
+    one = generate(target, None, list(range(1, 40)), method="ar", max_new_tokens=1).stats
+    assert one["target_calls"] == 1 and one["prefill_seconds"] == one["target_seconds"] > 0
+    many = generate(target, draft, list(range(1, 40)), method="sd", gamma=2, max_new_tokens=12).stats
+    assert 0 < many["prefill_seconds"] < many["target_seconds"]
+    assert 0 < many["draft_prefill_seconds"] < many["draft_seconds"]
+
+
 def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
     from multispec.tune import load_plan
 

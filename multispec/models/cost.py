@@ -30,10 +30,15 @@ class ForwardCost:
     """seconds[c][j]: one forward over tokens[j] new tokens after contexts[c] cached ones (tokens default
     1, 2, ...). Between measured token counts and contexts the cost is interpolated linearly; beyond the
     contexts it is extrapolated along the last segment (never below the shortest context's cost), beyond the
-    largest token count along the last step."""
+    largest token count along the last step.
+
+    `padded`: the model pads a forward of up to that many new tokens to the next power of two (a compiled
+    step: one graph per bucket), so its cost is a staircase: k costs what a measured count of k's bucket
+    cost (17 tokens cost 32's), not an interpolation across the step."""
     seconds: tuple[tuple[float, ...], ...]
     contexts: tuple[int, ...] = (COST_CONTEXTS[0],)
     tokens: tuple[int, ...] | None = None
+    padded: int = 0
 
     def __post_init__(self):
         if not self.seconds or isinstance(self.seconds[0], (int, float)):  # one context given as a flat tuple
@@ -47,11 +52,16 @@ class ForwardCost:
 
     def scaled(self, factor: float) -> ForwardCost:
         """The same curve times `factor` (a calibration against measured runs)."""
-        return ForwardCost(tuple(tuple(x * factor for x in row) for row in self.seconds), self.contexts, self.tokens)
+        return ForwardCost(tuple(tuple(x * factor for x in row) for row in self.seconds), self.contexts, self.tokens,
+                           self.padded)
 
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
+        if k <= self.padded:
+            # the largest measured count in k's bucket (padding makes them cost the same)
+            same = [t for t in self.tokens if t <= self.padded and _bucket(t) == _bucket(k)]
+            k = max(same) if same else k
         rows = [_extend(self.tokens, row, k) for row in self.seconds]
         if context is None or len(rows) == 1:
             return rows[0]
@@ -59,6 +69,10 @@ class ForwardCost:
         i = max(0, min(len(c) - 2, sum(context > x for x in c[1:-1])))
         w = (context - c[i]) / (c[i + 1] - c[i])
         return max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+
+
+def _bucket(k: int) -> int:
+    return 1 << max(0, k - 1).bit_length()
 
 
 def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
@@ -101,7 +115,8 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
         except (OSError, ValueError):
             saved = None
         if saved and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
-            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens)
+            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens,
+                                      padded_tokens(model))
             return _COSTS[key]
     global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
@@ -157,7 +172,12 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
         medians = [statistics.median(t) for t in times]
         # a longer forward never costs less; a noisy dip would make the controller prefer it
         rows.append(tuple(max(medians[: j + 1]) for j in range(len(medians))))
-    return ForwardCost(tuple(rows), contexts, tokens)
+    return ForwardCost(tuple(rows), contexts, tokens, padded_tokens(model))
+
+
+def padded_tokens(model: LanguageModel) -> int:
+    """Up to how many new tokens the model pads a forward to a power of two (0: it does not)."""
+    return int(getattr(model, "padded_tokens", 0) or 0)
 
 
 def _persistent(model: LanguageModel) -> bool:
@@ -210,7 +230,8 @@ def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) 
             continue
         cost = measure_forward_cost(model, repeats=repeats)
         curves[role] = {"name": model.name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
-                        "engine": cost_key(model).split("|")[3], "contexts": list(cost.contexts),
+                        "engine": cost_key(model).split("|")[3], "padded_tokens": cost.padded,
+                        "contexts": list(cost.contexts),
                         "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
     some = next(m for m in models.values() if m is not None)
     data = {"format": CURVE_FORMAT, "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
@@ -233,7 +254,8 @@ def read_cost_curves(path) -> tuple[dict[str, ForwardCost], dict]:
     for role, c in data["models"].items():
         try:
             curves[role] = ForwardCost(tuple(tuple(float(x) for x in row) for row in c["seconds"]),
-                                       tuple(int(x) for x in c["contexts"]), tuple(int(x) for x in c["tokens"]))
+                                       tuple(int(x) for x in c["contexts"]), tuple(int(x) for x in c["tokens"]),
+                                       int(c.get("padded_tokens", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: the {role!r} curve is malformed ({e})") from None
     return curves, data

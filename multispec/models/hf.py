@@ -201,6 +201,11 @@ class HFModel(LanguageModel):
             return self._keep_dynamic(cache, positions)
         cache.keep(positions)
 
+    @property
+    def padded_tokens(self) -> int:
+        """A compiled step pads up to this many new tokens to a power of two (what its cost curve steps by)."""
+        return COMPILED_TOKENS if self.compile else 0
+
     # -- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
