@@ -175,7 +175,19 @@ def summarise(args) -> None:
             pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
                               f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
                               f"{measured / plan['predicted_tokens_per_second']:.2f} |")
-    text = "\n".join(lines + [""] + be_lines + [""] + pred_lines) + "\n"
+    split = ["## Where the time goes (every combo pooled, per target call; the prompt's forward apart)", "",
+             "| method | block efficiency | target ms/call | draft ms/call | other ms/call | prefill ms/prompt |",
+             "|---|---|---|---|---|---|"]
+    for m in methods:
+        rs = [r for r in rows if r["method"] == m and r.get("target_seconds") is not None]
+        if not rs or any(r.get("prefill_seconds") is None for r in rs):
+            continue
+        calls = sum(r["target_calls"] for r in rs)
+        prefill = sum(r["prefill_seconds"] for r in rs)
+        split.append(f"| {m} | {be(rs):.2f} | {(sum(r['target_seconds'] for r in rs) - prefill) / max(1, calls - len(rs)) * 1e3:.1f} | "
+                     f"{sum(r['draft_seconds'] for r in rs) / calls * 1e3:.1f} | "
+                     f"{sum(r['other_seconds'] for r in rs) / calls * 1e3:.1f} | {prefill / len(rs) * 1e3:.0f} |")
+    text = "\n".join(lines + [""] + be_lines + [""] + pred_lines + [""] + split) + "\n"
     (out / "summary.md").write_text(text)
     print(text)
 

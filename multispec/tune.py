@@ -30,7 +30,7 @@ from .api import generate
 from .bench.prompts import Prompt
 from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES
 from .models.base import LanguageModel
-from .models.cost import ForwardCost, forward_cost
+from .models.cost import ForwardCost, forward_cost, padded_tokens
 from .params import parse_method, read_json
 from .tree_search import RankAcceptance, TreeTable, fastest_tree, iteration_seconds, reach_of, tree_value
 from .trees import TokenTree
@@ -110,7 +110,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                 "seed": seed, "chat": chat}
     replacement = False
     say("measuring forward costs (once per machine) ...")
-    target_cost, draft_cost = forward_cost(target), forward_cost(draft)
+    # a compiled model's curve is measured in this process: its kernels are autotuned per process
+    target_cost = forward_cost(target, here=padded_tokens(target) > 0)
+    draft_cost = forward_cost(draft, here=padded_tokens(draft) > 0)
 
     say(f"probing acceptance by sibling rank on {len(prompts)} prompts ...")
     wide = probe_tree()

@@ -174,6 +174,23 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     assert compiled.compiles == 1
 
 
+def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, monkeypatch):
+    # with the bucket of 4 routed to the 8 (as a measured cost curve does where the 8's kernel ran faster),
+    # feeds of 3 and of 6 tokens run one graph, and give the eager logits
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    eager, compiled = tiny_llama(seed=4), tiny_llama(seed=4)
+    compiled.compile = True
+    compiled.bucket_route[4] = 8
+    ce, cc = eager.new_cache(), compiled.new_cache()
+    eager.forward(ce, torch.tensor([PROMPT]))
+    compiled.forward(cc, torch.tensor([PROMPT]))
+    for tokens in ([9, 4, 33], [2, 40, 11, 7, 7, 1]):
+        step = torch.tensor([tokens])
+        assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+        assert cc.length == ce.length
+    assert compiled.compiles == 1
+
+
 def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatch):
     # the cache's capacity doubles (512 -> 1024 slots) during compiled steps, so the key blocks the values product
     # reads (768 slots) stop filling the buffer: one graph throughout

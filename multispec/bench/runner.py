@@ -253,6 +253,13 @@ def run_bench(
         lengths = {p.id: len(_prompt_ids(target, p, chat, ids_cache)) for p in prompts}
         peers["hf-static"] = {"max_cache_len": max(lengths.values()) + max_new_tokens}
     if warmup:  # first calls pay for lazy initialisation; keep that out of the measurements
+        from ..models.cost import forward_cost, padded_tokens
+
+        for model in (target, draft):
+            if model is not None and padded_tokens(model):
+                # a compiled model's cost curve, measured here: each bucket's graph timed (and a bucket whose
+                # autotuned kernel ran slower than a larger one's routed to it), as gamma=auto and tree=auto read
+                forward_cost(model, here=True)
         for t, _, spec in {s.label: (t, p, s) for t, p, s in todo}.values():
             # a compiled prefill (hf-static) specialises on the first prompt's length and recompiles, once,
             # with a dynamic length at the second: warm it up on two lengths

@@ -91,6 +91,7 @@ def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
 
 
 _COSTS: dict[str, ForwardCost] = {}
+_MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process (not read from the folder)
 calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
@@ -101,15 +102,17 @@ def cost_key(model: LanguageModel, masked: bool = False) -> str:
             f"torch={torch.__version__}" + ("|masked" if masked else ""))
 
 
-def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False) -> ForwardCost:
+def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False,
+                 here: bool = False) -> ForwardCost:
     """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note).
     `masked`: the forward given an explicit attention mask, as a tree's is (it may take a slower attention
-    path than the causal one)."""
+    path than the causal one). `here`: measured in this process, not read from the cache folder (a compiled
+    model's kernels are autotuned per process, and its bucket route comes from this measurement)."""
     key = cost_key(model, masked)
-    if key in _COSTS:
+    if key in _COSTS and (not here or key in _MEASURED_HERE):
         return _COSTS[key]
     store = _store_path() if _persistent(model) else None
-    if store is not None and store.exists():
+    if store is not None and store.exists() and not here:
         try:
             saved = json.loads(store.read_text()).get(key)
         except (OSError, ValueError):
@@ -124,6 +127,7 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     # a one-time cost, like compiling (which the model counts itself)
     calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
+    _MEASURED_HERE.add(key)
     if store is not None:
         try:
             data = json.loads(store.read_text()) if store.exists() else {}
@@ -144,7 +148,17 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
                          masked: bool = False) -> ForwardCost:
     """Median over `repeats` interleaved rounds of the seconds of a forward over k new tokens, k in `tokens`,
     after each of `contexts` cached tokens (random token ids: the cost does not depend on which). `masked`:
-    each forward gets an explicit (causal) mask, the way a tree's forward does."""
+    each forward gets an explicit (causal) mask, the way a tree's forward does.
+
+    A model that pads forwards to buckets (a compiled one: `padded_tokens`) has each bucket's own graph timed;
+    where a larger bucket ran faster (autotuning may pick a slower kernel for a smaller one), an unmasked
+    measurement routes the smaller bucket's forwards to it (`route_buckets`), and the curve says what the
+    routed forwards cost."""
+    padded = padded_tokens(model)
+    route = getattr(model, "bucket_route", None)
+    if padded and route is not None:
+        saved_route = dict(route)
+        route.clear()  # time every bucket's own graph
     if model.max_length is not None:  # toy models' short horizons (the last position is never fed)
         contexts = tuple(sorted({max(1, min(c, (model.max_length - 1) // 2)) for c in contexts}))
         room = max(1, model.max_length - 1 - contexts[-1])
@@ -169,10 +183,37 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
                 _sync(model)
                 times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
-        medians = [statistics.median(t) for t in times]
-        # a longer forward never costs less; a noisy dip would make the controller prefer it
-        rows.append(tuple(max(medians[: j + 1]) for j in range(len(medians))))
-    return ForwardCost(tuple(rows), contexts, tokens, padded_tokens(model))
+        rows.append([statistics.median(t) for t in times])
+    if padded and route is not None:
+        route.update(saved_route if masked else bucket_route(rows, tokens, padded))
+        rows = [_routed(row, tokens, padded, route) for row in rows]
+    # a longer forward never costs less; a noisy dip would make the controller prefer it
+    rows = [tuple(max(row[: j + 1]) for j in range(len(row))) for row in rows]
+    return ForwardCost(tuple(rows), contexts, tokens, padded)
+
+
+def bucket_route(rows: list[list[float]], tokens: tuple[int, ...], padded: int) -> dict[int, int]:
+    """For each bucket of padded forwards, the bucket at least as large whose forward cost least (seconds
+    averaged over the counts measured in a bucket, which all ran its graph, and over the contexts); only
+    buckets that move are listed."""
+    cost: dict[int, list[float]] = {}
+    for row in rows:
+        for t, seconds in zip(tokens, row, strict=True):
+            if t <= padded:
+                cost.setdefault(_bucket(t), []).append(seconds)
+    mean = {b: statistics.fmean(v) for b, v in cost.items()}
+    route = {b: min((x for x in mean if x >= b), key=lambda x: (mean[x], x)) for b in mean}
+    return {b: x for b, x in route.items() if x != b}
+
+
+def _routed(row: list[float], tokens: tuple[int, ...], padded: int, route: dict[int, int]) -> list[float]:
+    """A measured row as the routed forwards cost: a count whose bucket moves costs the target bucket's mean."""
+    by_bucket: dict[int, list[float]] = {}
+    for t, seconds in zip(tokens, row, strict=True):
+        if t <= padded:
+            by_bucket.setdefault(_bucket(t), []).append(seconds)
+    return [statistics.fmean(by_bucket[route[_bucket(t)]]) if t <= padded and _bucket(t) in route else seconds
+            for t, seconds in zip(tokens, row, strict=True)]
 
 
 def padded_tokens(model: LanguageModel) -> int:

@@ -126,6 +126,9 @@ class HFModel(LanguageModel):
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
         self._compiled = None
         self._shapes: set[tuple[int, int]] = set()
+        # a bucket of new tokens -> a larger one whose compiled step ran faster here (one row; set by measuring
+        # the cost curve in this process, `multispec.models.cost`); padding rows are masked out and dropped
+        self.bucket_route: dict[int, int] = {}
         self._min_rows: int | None = None
 
     @property
@@ -223,6 +226,8 @@ class HFModel(LanguageModel):
         # new entries written: n real, then padding (a bucket for a compiled step; eagerly in a reduced
         # precision, enough rows that every product takes the kernel it takes for many: batch invariance)
         width = _bucket(n) if compiled else max(n, -(-self.min_rows // b))
+        if compiled and b == 1:
+            width = self.bucket_route.get(width, width)
         # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
         # buffer always a block longer keeps one graph per bucket as the cache grows
         cache.reserve(static.whole_blocks(past + width) + 1 if compiled else past + width)
