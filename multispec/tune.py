@@ -113,6 +113,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # a compiled model's curve is measured in this process: its kernels are autotuned per process
     target_cost = forward_cost(target, here=padded_tokens(target) > 0)
     draft_cost = forward_cost(draft, here=padded_tokens(draft) > 0)
+    routes = {role: {str(k): v for k, v in getattr(m, "bucket_route", {}).items()}
+              for role, m in (("target", target), ("draft", draft))}
+    if any(routes.values()):
+        say(f"buckets routed to a larger one whose compiled step ran faster: {routes}")
 
     say(f"probing acceptance by sibling rank on {len(prompts)} prompts ...")
     wide = probe_tree()
@@ -206,7 +210,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
              "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "sd": sd_factors,
                                  "ar": ar_factor},
-             "sd_overhead_seconds": [sd_base, sd_per_node]}
+             "sd_overhead_seconds": [sd_base, sd_per_node], "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 
 
