@@ -90,6 +90,7 @@ def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
     return row[-1] + slope * (k - tokens[-1])
 
 
+ROUTE_MARGIN = 0.05  # a bucket moves to a larger one only when that one ran at least this much faster
 _COSTS: dict[str, ForwardCost] = {}
 _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process (not read from the folder)
 calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
@@ -184,9 +185,10 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
                 times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
         rows.append([statistics.median(t) for t in times])
-    if padded and route is not None:
-        route.update(saved_route if masked else bucket_route(rows, tokens, padded))
-        rows = [_routed(row, tokens, padded, route) for row in rows]
+    if padded:
+        if route is not None:
+            route.update(saved_route if masked else bucket_route(rows, tokens, padded))
+        rows = [_routed(row, tokens, padded, route or {}) for row in rows]
     # a longer forward never costs less; a noisy dip would make the controller prefer it
     rows = [tuple(max(row[: j + 1]) for j in range(len(row))) for row in rows]
     return ForwardCost(tuple(rows), contexts, tokens, padded)
@@ -203,16 +205,18 @@ def bucket_route(rows: list[list[float]], tokens: tuple[int, ...], padded: int) 
                 cost.setdefault(_bucket(t), []).append(seconds)
     mean = {b: statistics.fmean(v) for b, v in cost.items()}
     route = {b: min((x for x in mean if x >= b), key=lambda x: (mean[x], x)) for b in mean}
-    return {b: x for b, x in route.items() if x != b}
+    # a move pays for more padding work outside the graph: only for a clear gain, not for timing noise
+    return {b: x for b, x in route.items() if x != b and mean[x] < (1 - ROUTE_MARGIN) * mean[b]}
 
 
 def _routed(row: list[float], tokens: tuple[int, ...], padded: int, route: dict[int, int]) -> list[float]:
-    """A measured row as the routed forwards cost: a count whose bucket moves costs the target bucket's mean."""
+    """A measured row as the routed forwards cost: each padded count costs the mean over the counts measured in
+    the bucket it runs in (they all ran that graph), past the padded range as measured."""
     by_bucket: dict[int, list[float]] = {}
     for t, seconds in zip(tokens, row, strict=True):
         if t <= padded:
             by_bucket.setdefault(_bucket(t), []).append(seconds)
-    return [statistics.fmean(by_bucket[route[_bucket(t)]]) if t <= padded and _bucket(t) in route else seconds
+    return [statistics.fmean(by_bucket[route.get(_bucket(t), _bucket(t))]) if t <= padded else seconds
             for t, seconds in zip(tokens, row, strict=True)]
 
 
