@@ -321,6 +321,30 @@ def test_a_compiled_models_curve_steps_by_its_buckets(tiny_llama_model):
     assert compiled.padded_tokens == 64
 
 
+def test_a_stored_compiled_curve_brings_its_bucket_route(tmp_path, monkeypatch):
+    # a compiled model reading a curve another process measured (and priced with the 4-token bucket moved to
+    # the 8) routes that bucket too; a curve stored without a route moves nothing
+    import json
+
+    from multispec.models.cost import COST_CONTEXTS, COST_TOKENS
+    from tests.conftest import tiny_llama
+
+    monkeypatch.setenv("MULTISPEC_CACHE", str(tmp_path))
+    for route, want in (({"4": 8}, {4: 8}), (None, {})):
+        model = tiny_llama(seed=7)
+        model.compile = True
+        key = cost_key(model)
+        _COSTS.pop(key, None)
+        entry = {"contexts": list(COST_CONTEXTS), "tokens": list(COST_TOKENS),
+                 "seconds": [[0.01] * len(COST_TOKENS)] * len(COST_CONTEXTS)}
+        if route:
+            entry["route"] = route
+        (tmp_path / "forward_cost.json").write_text(json.dumps({key: entry}))
+        cost = forward_cost(model)
+        assert cost.padded == 64 and model.bucket_route == want
+        _COSTS.pop(key, None)
+
+
 def test_forward_cost_interpolates_between_contexts_and_extends_past_the_measured_lengths():
     cost = ForwardCost(((1.0, 2.0), (3.0, 5.0)), (100, 300))
     assert cost(1, 100) == 1.0 and cost(2, 300) == 5.0

@@ -121,6 +121,11 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
         if saved and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
             _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens,
                                       padded_tokens(model))
+            route = getattr(model, "bucket_route", None)
+            if saved.get("route") and route is not None and not route and not masked:
+                # the buckets this machine's measuring process moved (its autotuned graph for them ran slower);
+                # the curve read here was priced with them moved
+                route.update({int(b): int(x) for b, x in saved["route"].items()})
             return _COSTS[key]
     global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
@@ -136,6 +141,8 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
             data = {}
         data[key] = {"contexts": list(cost.contexts), "tokens": list(cost.tokens),
                      "seconds": [list(r) for r in cost.seconds]}
+        if not masked and getattr(model, "bucket_route", None):
+            data[key]["route"] = {str(b): x for b, x in model.bucket_route.items()}
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(data, indent=1))
