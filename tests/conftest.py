@@ -1,10 +1,15 @@
 import os
+import tempfile
 
 import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (the README's command runs two)
     torch.set_num_threads(1)
+
+# cost curves measured by tests (two workers share the cores) go to a file of this run, not the user's cache,
+# where gamma=auto, tree=auto and tune would read them later; subprocesses inherit it
+os.environ["MULTISPEC_COST_FILE"] = os.path.join(tempfile.mkdtemp(prefix="multispec-costs-"), "forward_cost.json")
 
 
 def tiny_llama(vocab: int = 64, seed: int = 0, layers: int = 2, hidden: int = 32, max_positions: int = 128):

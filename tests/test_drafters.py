@@ -329,7 +329,7 @@ def test_a_stored_compiled_curve_brings_its_bucket_route(tmp_path, monkeypatch):
     from multispec.models.cost import COST_CONTEXTS, COST_TOKENS
     from tests.conftest import tiny_llama
 
-    monkeypatch.setenv("MULTISPEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     for route, want in (({"4": 8}, {4: 8}), (None, {})):
         model = tiny_llama(seed=7)
         model.compile = True
