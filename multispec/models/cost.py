@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -60,7 +62,7 @@ class ForwardCost:
             return 0.0
         if k <= self.padded:
             # the largest measured count in k's bucket (padding makes them cost the same)
-            same = [t for t in self.tokens if t <= self.padded and _bucket(t) == _bucket(k)]
+            same = [t for t in self.tokens if t <= self.padded and bucket(t) == bucket(k)]
             k = max(same) if same else k
         rows = [_extend(self.tokens, row, k) for row in self.seconds]
         if context is None or len(rows) == 1:
@@ -71,7 +73,8 @@ class ForwardCost:
         return max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
 
 
-def _bucket(k: int) -> int:
+def bucket(k: int) -> int:
+    """The power of two a padded forward of k new tokens runs at."""
     return 1 << max(0, k - 1).bit_length()
 
 
@@ -160,7 +163,7 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
 
     A model that pads forwards to buckets (a compiled one: `padded_tokens`) has each bucket's own graph timed;
     where a larger bucket ran faster (autotuning may pick a slower kernel for a smaller one), an unmasked
-    measurement routes the smaller bucket's forwards to it (`route_buckets`), and the curve says what the
+    measurement routes the smaller bucket's forwards to it (the model's `bucket_route`), and the curve says what the
     routed forwards cost."""
     padded = padded_tokens(model)
     route = getattr(model, "bucket_route", None)
@@ -205,12 +208,7 @@ def bucket_route(rows: list[list[float]], tokens: tuple[int, ...], padded: int) 
     """For each bucket of padded forwards, the bucket at least as large whose forward cost least (seconds
     averaged over the counts measured in a bucket, which all ran its graph, and over the contexts); only
     buckets that move are listed."""
-    cost: dict[int, list[float]] = {}
-    for row in rows:
-        for t, seconds in zip(tokens, row, strict=True):
-            if t <= padded:
-                cost.setdefault(_bucket(t), []).append(seconds)
-    mean = {b: statistics.fmean(v) for b, v in cost.items()}
+    mean = _bucket_means(rows, tokens, padded)
     route = {b: min((x for x in mean if x >= b), key=lambda x: (mean[x], x)) for b in mean}
     # a move pays for more padding work outside the graph: only for a clear gain, not for timing noise
     return {b: x for b, x in route.items() if x != b and mean[x] < (1 - ROUTE_MARGIN) * mean[b]}
@@ -219,12 +217,19 @@ def bucket_route(rows: list[list[float]], tokens: tuple[int, ...], padded: int) 
 def _routed(row: list[float], tokens: tuple[int, ...], padded: int, route: dict[int, int]) -> list[float]:
     """A measured row as the routed forwards cost: each padded count costs the mean over the counts measured in
     the bucket it runs in (they all ran that graph), past the padded range as measured."""
-    by_bucket: dict[int, list[float]] = {}
-    for t, seconds in zip(tokens, row, strict=True):
-        if t <= padded:
-            by_bucket.setdefault(_bucket(t), []).append(seconds)
-    return [statistics.fmean(by_bucket[route.get(_bucket(t), _bucket(t))]) if t <= padded else seconds
+    mean = _bucket_means([row], tokens, padded)
+    return [mean[route.get(bucket(t), bucket(t))] if t <= padded else seconds
             for t, seconds in zip(tokens, row, strict=True)]
+
+
+def _bucket_means(rows, tokens: tuple[int, ...], padded: int) -> dict[int, float]:
+    """Mean seconds per bucket over the padded counts measured in it (they all ran its graph), over `rows`."""
+    by_bucket: dict[int, list[float]] = {}
+    for row in rows:
+        for t, seconds in zip(tokens, row, strict=True):
+            if t <= padded:
+                by_bucket.setdefault(bucket(t), []).append(seconds)
+    return {b: statistics.fmean(v) for b, v in by_bucket.items()}
 
 
 def padded_tokens(model: LanguageModel) -> int:
@@ -239,9 +244,6 @@ def _persistent(model: LanguageModel) -> bool:
 
 
 def _store_path():
-    import os
-    from pathlib import Path
-
     from .default import cache_dir
 
     # MULTISPEC_COST_FILE: another file (the test suite keeps its curves, measured on a busy machine, out of

@@ -22,6 +22,7 @@ import torch
 
 from . import static
 from .base import LanguageModel
+from .cost import bucket
 
 COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
 
@@ -84,10 +85,6 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
                     break
         _INVARIANT_ROWS[key] = fewest
     return _INVARIANT_ROWS[key]
-
-
-def _bucket(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class HFModel(LanguageModel):
@@ -225,7 +222,7 @@ class HFModel(LanguageModel):
         compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled step; eagerly in a reduced
         # precision, enough rows that every product takes the kernel it takes for many: batch invariance)
-        width = _bucket(n) if compiled else max(n, -(-self.min_rows // b))
+        width = bucket(n) if compiled else max(n, -(-self.min_rows // b))
         if compiled and b == 1:
             width = self.bucket_route.get(width, width)
         # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
