@@ -1,5 +1,7 @@
 """The Hugging Face backend on tiny random Llamas: tree masks, cache operations, greedy equivalence."""
 
+import json
+
 import pytest
 import torch
 
@@ -156,7 +158,7 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager = tiny_llama(seed=3)
     compiled = tiny_llama(seed=3)
-    compiled.compile = True
+    compiled.compile, compiled.kernel = True, "onednn"  # one variant: one graph per shape
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
     compiled.forward(cc, torch.tensor([PROMPT]))  # the prompt runs eagerly
@@ -179,7 +181,7 @@ def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, mo
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager, compiled = tiny_llama(seed=4), tiny_llama(seed=4)
-    compiled.compile = True
+    compiled.compile, compiled.kernel = True, "onednn"
     compiled.bucket_route[4] = 8
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
@@ -196,7 +198,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
     # reads (768 slots) stop filling the buffer: one graph throughout
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = tiny_llama(seed=5, max_positions=700)
-    model.compile = True
+    model.compile, model.kernel = True, "onednn"
     cache = model.new_cache()
     model.forward(cache, torch.tensor([[(5 * i + 1) % 64 for i in range(505)]]))
     for step in range(8):
@@ -204,6 +206,60 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
         model.crop(cache, cache.length - 1)  # as a rejected draft is dropped
     assert cache.length == 505 + 8 * 2 > 512
     assert model.compiles == 1
+
+
+def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
+    # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
+    # the fastest kept (stored for the machine, with both timings)
+    from multispec.models import hf
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    eager, compiled = tiny_llama(seed=6), tiny_llama(seed=6)
+    compiled.compile = True
+    assert compiled.kernel == "auto"
+    ce, cc = eager.new_cache(), compiled.new_cache()
+    eager.forward(ce, torch.tensor([PROMPT]))
+    compiled.forward(cc, torch.tensor([PROMPT]))
+    for tokens in ([9, 4, 33], [2, 40, 11]):
+        step = torch.tensor([tokens])
+        assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    assert compiled.compiles == len(hf.KERNELS) == 2  # a graph per variant, none after the choice
+    kept = compiled.kernels[(1, 4)]
+    assert kept in hf.KERNELS
+    err = capsys.readouterr().err
+    assert "onednn kernels" in err and "autotuned kernels" in err and f"keeps {kept}" in err
+    stored = json.loads((tmp_path / "compiled_kernels.json").read_text())
+    (entry,) = stored.values()
+    assert entry["1x4"]["kernel"] == kept and set(entry["1x4"]["step_ms"]) == set(hf.KERNELS)
+    # later steps run the kept variant's graph and match
+    step = torch.tensor([[7, 1, 30]])
+    assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    # another process on this machine (here: a fresh model of the same name) compiles only the kept variant
+    again = tiny_llama(seed=6)
+    again.compile = True
+    ca = again.new_cache()
+    again.forward(ca, torch.tensor([PROMPT]))
+    want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
+    assert torch.allclose(again.forward(ca, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
+    assert again.compiles == 1 and again.kernels == {(1, 4): kept}
+    assert f"({kept} kernels)" in capsys.readouterr().err
+
+
+def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
+    from multispec.models import hf
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    model = tiny_llama(seed=8)
+    model.compile = True
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": {"kernel": "gone"}}}))
+    assert hf._stored_kernel(model, (1, 1)) is None and hf._stored_kernel(model, (1, 2)) is None
+    model.kernel = "fastest"
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([PROMPT]))
+    with pytest.raises(ValueError, match="kernel 'fastest': 'auto' or one of onednn, autotuned"):
+        model.forward(cache, torch.tensor([[9]]))
 
 
 def test_a_model_that_cannot_compile_runs_eagerly_with_one_line_saying_why(monkeypatch, capsys):

@@ -5,17 +5,21 @@ a rollback is a length change and a tree commit moves only the accepted entries.
 explicit position ids and an additive 4-D mask ([B, 1, n, K], 0 where allowed), built here from the
 engine's boolean mask; sliding windows are applied in that mask. With `compile=True` the forward is
 compiled by torch inductor once per (rows, bucket of new tokens): new tokens are padded to 1, 2, 4, 8, ...
-up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights and
-autotunes the matrix products (inductor's max-autotune), so the kernels are chosen by measurement on the
-machine that runs them. A family whose attention layers do not go through transformers' attention
+up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights, and
+each shape's graph is compiled in each of `KERNELS` and the one whose whole step ran fastest here is kept (the
+choice is stored per machine, model, dtype and thread count), so no kernel choice made on another host is baked
+in. A family whose attention layers do not go through transformers' attention
 interface keeps transformers' `DynamicCache`, with one line saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import statistics
 import sys
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +29,17 @@ from .base import LanguageModel
 from .cost import bucket
 
 COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
+
+# How a CPU step's matrix products are compiled (inductor options, frozen weights in both). Each shape's graph
+# is timed whole, in place, in every variant, because inductor's own autotuning times each product alone, with
+# its weights hot in cache, which misjudges a one-row step whose weights stream from memory.
+KERNELS = {
+    # oneDNN's linear on weights packed at compile time, for every product
+    "onednn": {"freezing": True},
+    # each product autotuned alone between oneDNN and inductor's C++ GEMM template (max-autotune)
+    "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False},
+}
+CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 
 
 def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
@@ -121,8 +136,11 @@ class HFModel(LanguageModel):
         self.compile = bool(compile) and self.static
         self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
-        self._compiled = None
-        self._shapes: set[tuple[int, int]] = set()
+        self._compiled: dict[str, Any] = {}  # a compiled step per kernel variant
+        # (rows, new tokens) -> the variant of `KERNELS` its compiled step runs; "auto": chosen per shape by timing
+        self.kernel = "auto"
+        self.kernels: dict[tuple[int, int], str] = {}
+        self._shapes: set[tuple[str, tuple[int, int]]] = set()
         # a bucket of new tokens -> a larger one whose compiled step ran faster here (one row; set by measuring
         # the cost curve in this process, `multispec.models.cost`); padding rows are masked out and dropped
         self.bucket_route: dict[int, int] = {}
@@ -268,6 +286,8 @@ class HFModel(LanguageModel):
         slots = torch.arange(past, total, device=device)
         masks = self._masks(full, windowed)
         if compiled:
+            if self.device.type == "cpu" and self.kernel not in ("auto", *KERNELS):
+                raise ValueError(f"kernel {self.kernel!r}: 'auto' or one of {', '.join(KERNELS)}")
             try:
                 logits = self._run_compiled(ids, pos, masks, slots, cache)
             except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
@@ -298,23 +318,37 @@ class HFModel(LanguageModel):
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots).logits
 
     def _run_compiled(self, ids, positions, masks, slots, cache):
-        from torch._dynamo.utils import counters
-
-        if self._compiled is None:
-            self._compiled = torch.compile(self._step, dynamic=None)
         for m in masks.values() if isinstance(masks, dict) else (masks,):
             torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
         for buffer in (*cache.keys, *cache.values):
             torch._dynamo.mark_dynamic(buffer, 2)
+        args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
-        if shape not in self._shapes:
-            self._shapes.add(shape)
-            print(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens (first use in this "
+        kind = self.kernels.get(shape)
+        if kind is None:
+            kind = self.kernel if self.kernel != "auto" or self.device.type != "cpu" else _stored_kernel(self, shape)
+            if kind is None:  # first use of this shape on this machine: compile every variant, keep the fastest
+                return self._choose_kernel(shape, args)
+            self.kernels[shape] = kind
+        return self._call_compiled(kind, shape, args)
+
+    def _call_compiled(self, kind, shape, args):
+        from torch._dynamo.utils import counters
+
+        kernels = KERNELS.get(kind, {}) if self.device.type == "cpu" else {}
+        if kind not in self._compiled:
+            # the options also tell the variants' compiled steps apart (dynamo shares a cache between compiles of
+            # one function whose options are equal)
+            self._compiled[kind] = torch.compile(self._step, dynamic=None, options=kernels or None)
+        what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
+        if (kind, shape) not in self._shapes:
+            self._shapes.add((kind, shape))
+            print(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
                   "process) ...", file=sys.stderr, flush=True)
         graphs = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
-        with _compile_settings(self.device.type == "cpu"):
-            logits = self._compiled(ids, positions, masks, slots, cache.keys, cache.values)
+        with _compile_settings(kernels):
+            logits = self._compiled[kind](*args)
         if counters["stats"]["unique_graphs"] != graphs:
             seconds = time.perf_counter() - t0
             self.compiles += counters["stats"]["unique_graphs"] - graphs
@@ -322,6 +356,31 @@ class HFModel(LanguageModel):
             print(f"multispec: compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
         return logits
 
+    def _choose_kernel(self, shape, args):
+        """Compile the shape's step in every variant of `KERNELS`, time each whole step in place (the same feed,
+        interleaved rounds) and keep the fastest here; the last call runs it, so its logits and the cache entries
+        it wrote are the kept variant's. All of it is a one-time cost."""
+        t0 = time.perf_counter()
+        compiled_before = self.compile_seconds
+        for kind in KERNELS:
+            self._call_compiled(kind, shape, args)
+            self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
+        times: dict[str, list[float]] = {kind: [] for kind in KERNELS}
+        for _ in range(CHOICE_ROUNDS):
+            for kind in KERNELS:
+                start = time.perf_counter()
+                self._call_compiled(kind, shape, args)
+                times[kind].append(time.perf_counter() - start)
+        seconds = {kind: statistics.median(t) for kind, t in times.items()}
+        kind = min(seconds, key=seconds.get)
+        self.kernels[shape] = kind
+        _store_kernel(self, shape, kind, seconds)
+        logits = self._call_compiled(kind, shape, args)
+        self.compile_seconds = compiled_before + time.perf_counter() - t0
+        print(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
+              + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
+              + f" per step here; keeps {kind}", file=sys.stderr, flush=True)
+        return logits
 
     # -- transformers' DynamicCache, for families that cannot use the static one -------------------
     def _new_dynamic(self):
@@ -421,19 +480,61 @@ class HFModel(LanguageModel):
 
 
 @contextlib.contextmanager
-def _compile_settings(cpu: bool):
+def _compile_settings(kernels: dict):
     """Compiled steps keep their shapes static (new tokens and rows are bucketed; only the key length is
-    dynamic) and may hold one graph per bucket. On a CPU inductor freezes the weights (constant-folded and
-    packed for the matrix kernels) and autotunes each matrix product among its kernels."""
+    dynamic) and may hold one graph per bucket and kernel variant; inductor's autotuning prints no tables.
+    `kernels` (inductor options) are set for the call as well as given to `torch.compile`: dynamo reads
+    `freezing` when it traces (frozen weights are guarded constants; as a backend option alone they stay graph
+    inputs, unpacked)."""
     import torch._dynamo.config as dynamo
     import torch._inductor.config as inductor
     import torch._inductor.select_algorithm as select
 
-    kernels = {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False} if cpu else {}
     quiet, select.PRINT_AUTOTUNE = select.PRINT_AUTOTUNE, False  # no timing tables between generated tokens
     try:
-        with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
-                inductor.patch(kernels):
-            yield
+        with warnings.catch_warnings():
+            # inductor's autotuner calls a deprecated storage method; the user can do nothing about it
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+            with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
+                    inductor.patch(kernels):
+                yield
     finally:
         select.PRINT_AUTOTUNE = quiet
+
+
+def _kernel_key(model) -> str:
+    from .cost import cost_key, describe_device
+
+    return f"{cost_key(model)}|{describe_device(model.device)}"
+
+
+def _kernel_store():
+    from .cost import _store_path
+
+    return _store_path().with_name("compiled_kernels.json")
+
+
+def _stored_kernel(model, shape) -> str | None:
+    """The variant chosen for this shape by an earlier process on this machine, if any."""
+    store = _kernel_store()
+    try:
+        entry = json.loads(store.read_text()).get(_kernel_key(model), {}).get(f"{shape[0]}x{shape[1]}")
+    except (OSError, ValueError, AttributeError):
+        return None
+    kind = entry.get("kernel") if isinstance(entry, dict) else None
+    return kind if kind in KERNELS else None
+
+
+def _store_kernel(model, shape, kind: str, seconds: dict[str, float]) -> None:
+    store = _kernel_store()
+    try:
+        data = json.loads(store.read_text()) if store.exists() else {}
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(_kernel_key(model), {})[f"{shape[0]}x{shape[1]}"] = {
+        "kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(data, indent=1))
+    except OSError:  # a read-only home: the choice holds for this process only
+        pass
