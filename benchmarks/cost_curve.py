@@ -3,8 +3,8 @@ the memory bound (the weights' bytes over the measured read bandwidth).
 
 Engines: `dynamic` (transformers' DynamicCache and its own attention, eager: the engine before the static
 cache), `static` (our static cache, eager) and `compiled` (static cache, torch inductor; on a CPU frozen
-weights and max-autotune GEMMs). Each (engine, dtype) loads its own copy of the models; times are medians
-of interleaved rounds. One JSON line per (model, engine, dtype, c, k) goes to --out.
+weights, each shape in the kernel variant whose step ran fastest here: `multispec.models.hf.KERNELS`). Each
+(engine, dtype) loads its own copy of the models; times are medians of interleaved rounds. One JSON line per (model, engine, dtype, c, k) goes to --out.
 
     python benchmarks/cost_curve.py --out benchmarks/results/<run>/cost_curve.jsonl
 """

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights' type for both models (default: bfloat16 where the hardware has fast "
                         "bfloat16, else float32)")
     g.add_argument("--compile", action="store_true",
-                   help="compile each forward shape with torch inductor (kernels autotuned on this machine); "
+                   help="compile each forward shape with torch inductor (kernel variants timed on this machine); "
                         "compiling takes a minute or more per shape, once per process")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
