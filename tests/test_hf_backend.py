@@ -246,6 +246,26 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     assert f"({kept} kernels)" in capsys.readouterr().err
 
 
+def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):
+    # two models of one architecture, compiled in one process and stepped in turn: each step runs the graph
+    # holding its own frozen weights (the compiled steps drop dynamo's guards on the modules, so nothing but
+    # each model's own compile keeps them apart)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    models = []
+    for seed in (3, 4):
+        eager, compiled = tiny_llama(seed=seed), tiny_llama(seed=seed)
+        compiled.compile, compiled.kernel = True, "onednn"
+        ce, cc = eager.new_cache(), compiled.new_cache()
+        eager.forward(ce, torch.tensor([PROMPT]))
+        compiled.forward(cc, torch.tensor([PROMPT]))
+        models.append((eager, compiled, ce, cc))
+    for tokens in ([9, 4, 33], [2, 40, 11], [5, 8, 30]):
+        for eager, compiled, ce, cc in models:
+            step = torch.tensor([tokens])
+            assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    assert [m[1].compiles for m in models] == [1, 1]
+
+
 def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
     from multispec.models import hf
 
