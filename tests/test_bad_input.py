@@ -87,3 +87,25 @@ def test_cli_mismatched_vocabularies_in_a_subprocess(tmp_path):
     last = err.splitlines()[-1]
     assert "Traceback" not in err and last.startswith("multispec: error:"), err
     assert "49152" in last and "80" in last
+
+
+def test_a_draft_whose_tokenizer_maps_other_ids_is_refused_and_a_matching_one_checked_once():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from multispec import api
+
+    def tokenizer(words):
+        vocab = {w: i for i, w in enumerate(words)}
+        return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token=words[0])))
+
+    words = [f"w{i}" for i in range(64)]
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
+    target.tokenizer, draft.tokenizer = tokenizer(words), tokenizer(words[1::-1] + words[2:])  # two ids swapped
+    with pytest.raises(ValueError, match="tokenizers differ .* same size but different token ids"):
+        generate(target, draft, [1, 2, 3], method="sd:gamma=2", max_new_tokens=4, temperature=0)
+    draft.tokenizer = tokenizer(words)
+    api.check_compatible(target, draft)
+    assert (id(target.tokenizer), id(draft.tokenizer)) in api._SAME_VOCAB
+    out = generate(target, draft, [1, 2, 3], method="sd:gamma=2", max_new_tokens=4, temperature=0)
+    assert len(out.token_ids) == 4
