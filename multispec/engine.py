@@ -312,6 +312,15 @@ class Session:
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         return self.sampling.draw(probs, self.generator)
 
+    def one_time_seconds(self) -> float:
+        """Seconds the forwards have spent compiling for new shapes so far (one-time costs, not decoding)."""
+        return self.target.one_time + (self.draft.one_time if self.draft is not None else 0.0)
+
+    def forward_seconds(self) -> tuple[float, float]:
+        """Seconds in target and in draft forwards so far, compiles left out."""
+        return (self.target.seconds - self.target.one_time,
+                self.draft.seconds - self.draft.one_time if self.draft is not None else 0.0)
+
     def draft_runner(self) -> ModelRunner:
         """The draft model's runner, made on first use: the drafter that asks for it feeds and commits it
         (the session only reads its counters)."""

@@ -140,10 +140,11 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
         raise ValueError("tree=auto needs drafter=model: it shapes the draft model's tree from its acceptance")
     draft = s.draft_model
     auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
-                    forward_cost(draft), lambda: (s.target.seconds, s.draft.seconds if s.draft else 0.0),
+                    forward_cost(draft), s.forward_seconds,
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
                     tree_cost=forward_cost(s.target_model, masked=True),
-                    overhead=parse_overhead(auto_settings.overhead), adapt=auto_settings.adapt)
+                    overhead=parse_overhead(auto_settings.overhead), adapt=auto_settings.adapt,
+                    one_time=s.one_time_seconds)
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
 

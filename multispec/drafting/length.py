@@ -15,6 +15,7 @@ themselves, never on the target's verification of this iteration, so exactness i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..models.cost import MAX_AUTO_GAMMA, ForwardCost
@@ -93,19 +94,21 @@ class AutoLength(Drafter):
 
     name = "auto"
 
-    def __init__(self, drafter: Drafter, controller: DraftLength, setup, pending):
+    def __init__(self, drafter: Drafter, controller: DraftLength, setup, pending,
+                 one_time: Callable[[], float] = lambda: 0.0):
         self.drafter, self.controller, self.setup, self.pending = drafter, controller, setup, pending
         self._plan: Plan | None = None
         self._size = 0
         self.used: dict[str, int] = {}
         self.predicted_tokens = self.predicted_seconds = 0.0
         self._calls = 0
-        self._start: tuple[float, int] | None = None  # (time, tokens) at the second iteration
+        self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second iteration
+        self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
 
     def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
         self._calls += 1
         if self._calls == 2:
-            self._start = (time.perf_counter(), len(context))
+            self._start = (time.perf_counter(), len(context), self.one_time())
         options = self.drafter.options(context, len(shape)) if shape else []
         plan = self._plan = self.controller.plan(options, len(context), self.pending(context))
         kind = plan.option.key.split(":")[0] if plan.option is not None else "none"
@@ -123,7 +126,7 @@ class AutoLength(Drafter):
         self.drafter.accept(verdict)
 
     def report(self, tokens: int) -> dict:
-        seconds = time.perf_counter() - self._start[0] if self._start else 0.0
+        seconds = time.perf_counter() - self._start[0] - (self.one_time() - self._start[2]) if self._start else 0.0
         decoded = tokens - self._start[1] if self._start else 0
         return {
             "drafter_iterations": self.used,

@@ -47,8 +47,9 @@ class AutoTree(Drafter):
                  pending: Callable[[list[int]], int], prior: list[float] | None = None,
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
                  tree_cost: ForwardCost | None = None, overhead: tuple[float, float] = (OVERHEAD_PRIOR, 0.0),
-                 adapt: bool = False):
+                 adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
+        self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
         self.tree_cost = tree_cost or target_cost
         self.prior, self.max_nodes, self.max_depth = prior, max_nodes, max_depth
@@ -62,7 +63,7 @@ class AutoTree(Drafter):
         self.factors = [1.0, 1.0]  # measured over predicted forward seconds: target, draft (with adapt)
         # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft)
         self._last: tuple[float, float, float, float, float] | None = None
-        self._start: tuple[float, int] | None = None
+        self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
 
     def search(self, context: int, pending: int, room: int) -> None:
         """Find the fastest tree of depth at most `room` (the tokens left bound it)."""
@@ -94,7 +95,7 @@ class AutoTree(Drafter):
                     if predicted > 0 and spent > 0:
                         self.factors[i] = 0.8 * self.factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
         if self.calls == 2:
-            self._start = (now, len(context))
+            self._start = (now, len(context), self.one_time())
         pending = self.pending(context)
         searched = 0.0
         room = shape_depth(shape)
@@ -119,7 +120,7 @@ class AutoTree(Drafter):
         self.drafter.accept(verdict)
 
     def report(self, tokens: int) -> dict:
-        seconds = time.perf_counter() - self._start[0] if self._start else 0.0
+        seconds = time.perf_counter() - self._start[0] - (self.one_time() - self._start[2]) if self._start else 0.0
         decoded = tokens - self._start[1] if self._start else 0
         top = sorted(self.used.items(), key=lambda kv: -kv[1])[:5]
         return {

@@ -336,6 +336,7 @@ class HFModel(LanguageModel):
     def _call_compiled(self, kind, shape, args):
         from torch._dynamo.utils import counters
 
+        t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
         kernels = KERNELS.get(kind, {}) if self.device.type == "cpu" else {}
         if kind not in self._compiled:
             # Each model and variant keeps its own compiled steps (isolated: dynamo otherwise shares one cache
@@ -351,7 +352,6 @@ class HFModel(LanguageModel):
             print(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
                   "process) ...", file=sys.stderr, flush=True)
         graphs = counters["stats"]["unique_graphs"]
-        t0 = time.perf_counter()
         with _compile_settings(kernels):
             logits = self._compiled[kind](*args)
         if counters["stats"]["unique_graphs"] != graphs:
