@@ -232,6 +232,7 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     stored = json.loads((tmp_path / "compiled_kernels.json").read_text())
     (entry,) = stored.values()
     assert entry["1x4"]["kernel"] == kept and set(entry["1x4"]["step_ms"]) == set(hf.KERNELS)
+    assert entry["1x4"]["step_ms"][kept] == min(entry["1x4"]["step_ms"].values())  # the faster one is kept
     # later steps run the kept variant's graph and match
     step = torch.tensor([[7, 1, 30]])
     assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)

@@ -116,12 +116,9 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     if key in _COSTS and (not here or key in _MEASURED_HERE):
         return _COSTS[key]
     store = _store_path() if _persistent(model) else None
-    if store is not None and store.exists() and not here:
-        try:
-            saved = json.loads(store.read_text()).get(key)
-        except (OSError, ValueError):
-            saved = None
-        if saved and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
+    if store is not None and not here:
+        saved = read_store(store).get(key)
+        if isinstance(saved, dict) and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
             _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens,
                                       padded_tokens(model))
             route = getattr(model, "bucket_route", None)
@@ -138,20 +135,31 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     _COSTS[key] = cost
     _MEASURED_HERE.add(key)
     if store is not None:
-        try:
-            data = json.loads(store.read_text()) if store.exists() else {}
-        except (OSError, ValueError):
-            data = {}
-        data[key] = {"contexts": list(cost.contexts), "tokens": list(cost.tokens),
-                     "seconds": [list(r) for r in cost.seconds]}
+        entry = {"contexts": list(cost.contexts), "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
         if not masked and getattr(model, "bucket_route", None):
-            data[key]["route"] = {str(b): x for b, x in model.bucket_route.items()}
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            store.write_text(json.dumps(data, indent=1))
-        except OSError:  # a read-only home: the measurement is kept for this process only
-            pass
+            entry["route"] = {str(b): x for b, x in model.bucket_route.items()}
+        write_store_entry(store, key, entry)
     return cost
+
+
+def read_store(path: Path) -> dict:
+    """A per-machine JSON store (cost curves, compiled-kernel choices): {} when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_store_entry(path: Path, key: str, entry) -> None:
+    """Set one key of a per-machine JSON store; a read-only home keeps the measurement for this process only."""
+    data = read_store(path)
+    data[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    except OSError:
+        pass
 
 
 def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,

@@ -15,7 +15,6 @@ interface keeps transformers' `DynamicCache`, with one line saying so.
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -521,25 +520,19 @@ def _kernel_store():
 
 def _stored_kernel(model, shape) -> str | None:
     """The variant chosen for this shape by an earlier process on this machine, if any."""
-    store = _kernel_store()
-    try:
-        entry = json.loads(store.read_text()).get(_kernel_key(model), {}).get(f"{shape[0]}x{shape[1]}")
-    except (OSError, ValueError, AttributeError):
-        return None
+    from .cost import read_store
+
+    choices = read_store(_kernel_store()).get(_kernel_key(model))
+    entry = choices.get(f"{shape[0]}x{shape[1]}") if isinstance(choices, dict) else None
     kind = entry.get("kernel") if isinstance(entry, dict) else None
     return kind if kind in KERNELS else None
 
 
 def _store_kernel(model, shape, kind: str, seconds: dict[str, float]) -> None:
-    store = _kernel_store()
-    try:
-        data = json.loads(store.read_text()) if store.exists() else {}
-    except (OSError, ValueError):
-        data = {}
-    data.setdefault(_kernel_key(model), {})[f"{shape[0]}x{shape[1]}"] = {
-        "kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(data, indent=1))
-    except OSError:  # a read-only home: the choice holds for this process only
-        pass
+    from .cost import read_store, write_store_entry
+
+    store, key = _kernel_store(), _kernel_key(model)
+    choices = read_store(store).get(key)
+    choices = choices if isinstance(choices, dict) else {}
+    choices[f"{shape[0]}x{shape[1]}"] = {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}
+    write_store_entry(store, key, choices)
