@@ -7,10 +7,18 @@ import torch
 
 from multispec import generate
 from multispec.engine import Entries, ModelRunner
+from multispec.models import packaged
 from multispec.trees import TokenTree
 from tests.conftest import tiny_llama
 
 PROMPT = [5, 17, 3, 42, 8, 11]
+
+
+@pytest.fixture(autouse=True)
+def _own_store(tmp_path, monkeypatch):
+    # compiled steps are kept on disk beside the cost file: each test has its own folder, so that none loads a
+    # step another test compiled
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
 
 
 def full_logits(model, ids):
@@ -236,15 +244,40 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     # later steps run the kept variant's graph and match
     step = torch.tensor([[7, 1, 30]])
     assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
-    # another process on this machine (here: a fresh model of the same name) compiles only the kept variant
+    # only the kept variant's compiled step stays on disk
+    assert [p.name for p in (tmp_path / "compiled").rglob("*.pt2")] == [f"{kept}-1x4.pt2"]
+    # another process on this machine (here: a fresh model of the same weights) loads it and compiles nothing
     again = tiny_llama(seed=6)
     again.compile = True
     ca = again.new_cache()
     again.forward(ca, torch.tensor([PROMPT]))
     want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
     assert torch.allclose(again.forward(ca, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
-    assert again.compiles == 1 and again.kernels == {(1, 4): kept}
-    assert f"({kept} kernels)" in capsys.readouterr().err
+    assert again.compiles == 0 and again.kernels == {(1, 4): kept}
+    assert f"loaded the compiled step of tiny-llama-64-6 for 1 x 4 new tokens ({kept} kernels)" in capsys.readouterr().err
+
+
+def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_is_made_again(tmp_path, capsys):
+    # a later process loads the step compiled by an earlier one (nothing compiled); a model of another
+    # checkpoint under the same name does not get it; a damaged package is compiled again
+    def run(seed, name="tiny"):
+        eager, compiled = tiny_llama(seed=seed), tiny_llama(seed=seed)
+        compiled.name, compiled.compile, compiled.kernel = name, True, "onednn"
+        ce, cc = eager.new_cache(), compiled.new_cache()
+        eager.forward(ce, torch.tensor([PROMPT]))
+        compiled.forward(cc, torch.tensor([PROMPT]))
+        for tokens in ([9, 4], [33, 21]):
+            step = torch.tensor([tokens])
+            assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+        return compiled.compiles
+
+    assert run(seed=9) == 1
+    (package,) = (tmp_path / "compiled").rglob("onednn-1x2.pt2")
+    assert run(seed=9) == 0 and "loaded the compiled step of tiny" in capsys.readouterr().err
+    assert run(seed=10) == 1  # same name and architecture, other weights
+    assert len(list((tmp_path / "compiled").rglob("*.pt2"))) == 2
+    package.write_bytes(b"not a package")
+    assert run(seed=9) == 1
 
 
 def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):
@@ -292,6 +325,7 @@ def test_a_model_that_cannot_compile_runs_eagerly_with_one_line_saying_why(monke
         raise RuntimeError("inductor cannot lower this model")
 
     monkeypatch.setattr(torch, "compile", refuse)
+    monkeypatch.setattr(packaged, "build", refuse)  # the export to a package fails first, then torch.compile
     ce, cc = eager.new_cache(), compiled.new_cache()
     for cache, model in ((ce, eager), (cc, compiled)):
         model.forward(cache, torch.tensor([PROMPT]))
@@ -299,6 +333,7 @@ def test_a_model_that_cannot_compile_runs_eagerly_with_one_line_saying_why(monke
     assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-5)
     assert cc.length == ce.length and not compiled.compile and compiled.compiles == 0
     err = capsys.readouterr().err
+    assert "compiled in memory, per process: it does not export (RuntimeError: inductor cannot lower" in err
     assert err.count("runs uncompiled: its compile failed (RuntimeError: inductor cannot lower this model)") == 1
     assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-5)  # eagerly from now on
     assert "compile failed" not in capsys.readouterr().err

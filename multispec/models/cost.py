@@ -9,6 +9,8 @@ length controller (`multispec.drafting.length`) and the tuning tools read it.
 from __future__ import annotations
 
 import bisect
+import functools
+import hashlib
 import json
 import os
 import statistics
@@ -103,7 +105,24 @@ def cost_key(model: LanguageModel, masked: bool = False) -> str:
     dtype = getattr(model, "dtype", None)
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
-            f"torch={torch.__version__}" + ("|masked" if masked else ""))
+            f"torch={torch.__version__}|isa={instruction_sets()}" + ("|masked" if masked else ""))
+
+
+@functools.cache
+def instruction_sets() -> str:
+    """A short hash of the CPU's feature flags: hosts sold under one model name differ (one "AMD EPYC" here
+    had AVX-512 and bfloat16 instructions, the next only AVX2), and both timings and compiled code are
+    specific to them."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1] for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    import platform
+
+    text = " ".join(sorted(flags.split())) or platform.machine()
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
 def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False,

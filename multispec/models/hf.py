@@ -8,7 +8,7 @@ compiled by torch inductor once per (rows, bucket of new tokens): new tokens are
 up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights, and
 each shape's graph is compiled in each of `KERNELS` and the one whose whole step ran fastest here is kept (the
 choice is stored per machine, model, dtype and thread count), so no kernel choice made on another host is baked
-in. A family whose attention layers do not go through transformers' attention
+in; the kept step is compiled ahead of time into a package on disk (`packaged.py`), which later processes load. A family whose attention layers do not go through transformers' attention
 interface keeps transformers' `DynamicCache`, with one line saying so.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import static
+from . import packaged, static
 from .base import LanguageModel
 from .cost import bucket
 
@@ -136,6 +136,9 @@ class HFModel(LanguageModel):
         self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
         self._compiled: dict[str, Any] = {}  # a compiled step per kernel variant
+        self._packages: dict[tuple[str, tuple[int, int]], Any] = {}  # (variant, shape) -> a step loaded from disk
+        self._packaged: bool | None = None
+        self._weights_key: str | None = None
         # (rows, new tokens) -> the variant of `KERNELS` its compiled step runs; "auto": chosen per shape by timing
         self.kernel = "auto"
         self.kernels: dict[tuple[int, int], str] = {}
@@ -317,11 +320,6 @@ class HFModel(LanguageModel):
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots).logits
 
     def _run_compiled(self, ids, positions, masks, slots, cache):
-        for m in masks.values() if isinstance(masks, dict) else (masks,):
-            torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
-        for buffer in (*cache.keys, *cache.values):
-            if 2 not in getattr(buffer, "_dynamo_dynamic_indices", ()):  # marked once per buffer (~6 us a call)
-                torch._dynamo.mark_dynamic(buffer, 2)
         args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
         kind = self.kernels.get(shape)
@@ -337,6 +335,18 @@ class HFModel(LanguageModel):
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
         kernels = KERNELS.get(kind, {}) if self.device.type == "cpu" else {}
+        if self._packaging():
+            step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
+            if step is not None:
+                ids, positions, masks, slots, keys, values = args
+                masks = {k: m.contiguous() for k, m in masks.items()} if isinstance(masks, dict) else masks.contiguous()
+                return step(ids, positions, masks, slots, keys, values)
+        ids, positions, masks, slots, keys, values = args
+        for m in masks.values() if isinstance(masks, dict) else (masks,):
+            torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
+        for buffer in (*keys, *values):
+            if 2 not in getattr(buffer, "_dynamo_dynamic_indices", ()):  # marked once per buffer (~6 us a call)
+                torch._dynamo.mark_dynamic(buffer, 2)
         if kind not in self._compiled:
             # Each model and variant keeps its own compiled steps (isolated: dynamo otherwise shares one cache
             # among the compiles of a function). Within them, dynamo's guards on the model's modules are dropped:
@@ -379,12 +389,58 @@ class HFModel(LanguageModel):
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
         _store_kernel(self, shape, kind, seconds)
+        for other in KERNELS:  # only the kept variant's package stays on disk
+            if other != kind and self._packages.pop((other, shape), None) is not None:
+                packaged.path_for(self._package_key(), other, shape).unlink(missing_ok=True)
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
         print(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
               + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
               + f" per step here; keeps {kind}", file=sys.stderr, flush=True)
         return logits
+
+    def _packaging(self) -> bool:
+        """Whether compiled steps are kept on disk (`models/packaged.py`): on a CPU, for a model on one device,
+        unless turned off or found not to export."""
+        if self._packaged is None:
+            devices = set((getattr(self.model, "hf_device_map", None) or {}).values())
+            self._packaged = self.device.type == "cpu" and len(devices) <= 1 and packaged.enabled()
+        return self._packaged
+
+    def _package_key(self) -> str:
+        if self._weights_key is None:
+            self._weights_key = f"{_kernel_key(self)}|weights={packaged.weights_fingerprint(self.model)}"
+        return self._weights_key
+
+    def _package(self, kind, shape, args, kernels, t0):
+        """This shape's compiled step in variant `kind`, loaded from this machine's packages or compiled into
+        one (a one-time cost either way); None where the model does not export (it is then compiled in
+        memory, per process, by torch.compile)."""
+        path = packaged.path_for(self._package_key(), kind, shape)
+        step = packaged.load(path)
+        what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
+        if step is None:
+            print(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...",
+                  file=sys.stderr, flush=True)
+            try:
+                with _compile_settings(kernels):
+                    packaged.build(path, self._package_key(), self.model, self._step, args, kernels)
+                step = packaged.load(path)
+                if step is None:
+                    raise RuntimeError(f"the package written to {path} does not load")
+            except Exception as e:  # noqa: BLE001 - torch.compile in this process still compiles most models
+                self._packaged = False
+                print(f"multispec: {self.name} is compiled in memory, per process: it does not export "
+                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})", file=sys.stderr, flush=True)
+                return None
+            self.compiles += 1
+            print(f"multispec: compiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        else:
+            print(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
+        self.compile_seconds += time.perf_counter() - t0
+        self._packages[(kind, shape)] = step
+        return step
 
     # -- transformers' DynamicCache, for families that cannot use the static one -------------------
     def _new_dynamic(self):
