@@ -434,7 +434,8 @@ class HFModel(LanguageModel):
                       f"({type(e).__name__}: {' '.join(str(e).split())[:200]})", file=sys.stderr, flush=True)
                 return None
             self.compiles += 1
-            print(f"multispec: compiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            print(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)",
+                  file=sys.stderr, flush=True)
         else:
             print(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)

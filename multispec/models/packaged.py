@@ -97,6 +97,9 @@ def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tup
         os.close(fd)
         try:
             torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=dict(kernels))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # as any other file written here (mkstemp made it private)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
