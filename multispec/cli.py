@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bfloat16, else float32)")
     g.add_argument("--compile", action="store_true",
                    help="compile each forward shape with torch inductor (kernel variants timed on this machine); "
-                        "compiling takes a minute or more per shape, once per process")
+                        "compiling takes minutes per shape the first time on a machine; on a CPU the compiled steps are kept "
+                        "on disk and later processes load them")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs",
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--draft", default=None)
     tu.add_argument("--device", default=None)
     tu.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    tu.add_argument("--compile", action="store_true", help="compile forwards (once per shape and process)")
+    tu.add_argument("--compile", action="store_true", help="compile forwards (see generate --compile)")
     tu.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     tu.add_argument("--out", default="plan.json", help="the plan file to write")
     tu.add_argument("--json", action="store_true", help="print the plan file's contents instead of the table")
