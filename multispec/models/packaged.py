@@ -4,8 +4,8 @@ A step (one shape: rows x new tokens, one kernel variant) is exported with `torc
 of time by inductor (AOTInductor) into a package: a shared library holding the generated kernels and the
 frozen, oneDNN-packed weights. Packages live in a folder beside the cost file, named by a key of the model's
 architecture and weights, its dtype, the machine (CPU model, instruction-set flags, threads) and torch's
-version, so a package is only ever loaded where it was made for. Loading one takes about a second where
-compiling took a minute or more.
+version, so a package is only ever loaded where it was made for. Loading one takes seconds where
+compiling takes minutes.
 
 torch.compile's own on-disk caches cannot do this: inductor's FX graph cache refuses graphs that hold packed
 weights (they do not pickle), and the packed weights are what make a CPU step fast.
