@@ -141,17 +141,19 @@ class ModelRunner:
         if n == 0:
             raise RuntimeError("nothing to feed: every committed token is cached and no entries were given")
         device = self.model.device
-        parts, positions = [], []  # tokens on the model's device (drafts may live there), positions on the CPU
+        parts = []  # tokens on the model's device (drafts may live there), positions on the CPU
         if n_pending:
             parts.append(torch.tensor([r[self.committed :] for r in rows], dtype=torch.long, device=device))
-            positions.append(torch.arange(self.committed, length).expand(len(rows), -1))
         if s:
             parts.append(entries.tokens.to(device))
-            depth = (self.tentative + 1 + torch.arange(s).expand(len(rows), -1) if entries.depth is None
-                     else entries.depth)
-            positions.append(length - 1 + depth)
         tokens = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-        positions = torch.cat(positions, 1) if len(positions) > 1 else positions[0]
+        if entries is None or entries.is_chain:  # one run of positions (pending tokens come with no tentative)
+            start = self.committed if n_pending else length + self.tentative
+            positions = torch.arange(start, start + n).expand(len(rows), -1)
+        else:
+            positions = length - 1 + entries.depth
+            if n_pending:
+                positions = torch.cat([torch.arange(self.committed, length).expand(len(rows), -1), positions], 1)
         mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
         t0, before = time.perf_counter(), (self.seconds, self.one_time)
         logits = self.model.forward(self.cache, tokens, positions.to(device),

@@ -57,13 +57,15 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, s
     law; torch draws one random number per entry when it is asked for one sample)."""
     rows = probs.reshape(-1, probs.shape[-1])
     cdf = rows.double().cumsum(-1)  # float64: the law is not bent by rounding over a large vocabulary
-    total = cdf[:, -1:]
-    if not bool(torch.isfinite(total).all() and (total > 0).all()):
+    # (few, plain tensor calls: on a CPU each costs microseconds, more than the arithmetic on small rows)
+    total = cdf.narrow(-1, rows.shape[-1] - 1, 1)
+    if not all(math.isfinite(t) and t > 0 for t in total.view(-1).tolist()):
         raise ValueError("cannot draw from weights that are not finite or sum to zero")
-    u = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device, dtype=torch.float64)
-    # right=True: the first token whose cumulative weight exceeds u * total, which has weight > 0
-    index = torch.searchsorted(cdf, u * total, right=True).clamp_max_(rows.shape[-1] - 1)
-    if not bool((rows.gather(-1, index) > 0).all()):  # u * total rounded up to the total: take the last token
+    point = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device,
+                       dtype=torch.float64).mul_(total)
+    # right=True: the first token whose cumulative weight exceeds the point, which has weight > 0
+    index = torch.searchsorted(cdf, point, right=True).clamp_max_(rows.shape[-1] - 1)
+    if not bool(rows.gather(-1, index).gt(0).all()):  # u * total rounded up to the total: take the last token
         last = rows.shape[-1] - 1 - (rows > 0).flip(-1).int().argmax(-1, keepdim=True)
         index = torch.where(rows.gather(-1, index) > 0, index, last)
     return index.reshape(probs.shape[:-1]) if samples is None else index.reshape(*probs.shape[:-1], samples)

@@ -25,6 +25,12 @@ def residual(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > RESIDUAL_EPS, r / mass.clamp_min(RESIDUAL_EPS), target)
 
 
+def _residual_weights(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """`residual` left unnormalised, for a draw (which normalises): two passes over the row fewer."""
+    r = (target - draft).clamp_min_(0)
+    return r if float(r.sum()) > RESIDUAL_EPS else target
+
+
 def _accepted_prefix(on_target: torch.Tensor, on_draft: torch.Tensor, generator) -> int:
     """Length of the accepted prefix when position i passes iff u_i < on_target_i / on_draft_i."""
     g = on_target.shape[0]
@@ -54,7 +60,7 @@ def speculative_verify(
     rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
     n = _accepted_prefix(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], generator)
     if n < draft_tokens.shape[0]:
-        dist = residual(target_probs[n], draft_probs[n])
+        dist = _residual_weights(target_probs[n], draft_probs[n])
     elif bonus:
         dist = target_probs[n]
     else:
@@ -88,7 +94,7 @@ def relaxed_verify(
     if n < draft_tokens.shape[0]:
         if resample == "opt":
             b = ((target_probs[n] + eps) / draft_probs[n]).nan_to_num(1.0).clamp_max(1.0)
-            dist = residual(target_probs[n], b * draft_probs[n])
+            dist = _residual_weights(target_probs[n], b * draft_probs[n])
         else:
             dist = target_probs[n]
     elif bonus:
