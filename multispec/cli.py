@@ -207,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "speed-up there from the block efficiencies measured here (a projection, not a measurement)")
     _pair_args(rp)
 
+    cp = sub.add_parser("compiled", help="the compiled steps kept on disk (--compile): list them, or remove them",
+                        formatter_class=DEFAULTS)
+    cp.add_argument("--clear", action="store_true", help="remove every kept compiled step")
+    cp.add_argument("--model", default=None, help="only the steps of models whose name contains this")
+
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
@@ -483,6 +488,29 @@ def cmd_cost_curve(args) -> int:
     return 0
 
 
+def cmd_compiled(args) -> int:
+    import time as _time
+
+    from .models import packaged
+
+    found = [p for p in packaged.packages() if args.model is None or args.model in p["model"]]
+    if args.clear:
+        for p in found:
+            packaged.remove(p["path"])
+        print(f"removed {len(found)} compiled step(s), {sum(p['bytes'] for p in found) / 1e6:.0f} MB, "
+              f"from {packaged.folder()}")
+        return 0
+    print(f"{packaged.folder()}: {len(found)} compiled step(s), {sum(p['bytes'] for p in found) / 1e6:.0f} MB "
+          f"(limit {packaged.limit_bytes() / 1e9:g} GB, {packaged.LIMIT_VARIABLE}; the least recently used go first)")
+    for p in found:
+        fields = dict(f.split("=", 1) for f in p["key"].split("|") if "=" in f)
+        dtype = next((f for f in p["key"].split("|") if f.startswith("torch.")), "")
+        used = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(p["used"]))
+        print(f"  {p['model']}  {dtype}  {p['path'].stem}  {p['bytes'] / 1e6:.0f} MB  used {used}  "
+              f"weights {fields.get('weights', '?')[:8]}  {p['path'].parent.name}")
+    return 0
+
+
 def cmd_reproduce(args) -> int:
     from .reproduce import reproduce, select
     from .reproduce.report import verdict_table
@@ -570,7 +598,7 @@ def cmd_check(args) -> int:
 
 COMMANDS = {"methods": cmd_methods, "generate": cmd_generate, "check": cmd_check, "theory": cmd_theory,
             "bench": cmd_bench, "tune": cmd_tune, "serve": cmd_serve, "cost-curve": cmd_cost_curve,
-            "reproduce": cmd_reproduce}
+            "reproduce": cmd_reproduce, "compiled": cmd_compiled}
 
 
 def main(argv: list[str] | None = None) -> int:

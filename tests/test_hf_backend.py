@@ -257,7 +257,8 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     assert f"loaded the compiled step of tiny-llama-64-6 for 1 x 4 new tokens ({kept} kernels)" in capsys.readouterr().err
 
 
-def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_is_made_again(tmp_path, capsys):
+def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_is_made_again(tmp_path, capsys,
+                                                                                          monkeypatch):
     # a later process loads the step compiled by an earlier one (nothing compiled); a model of another
     # checkpoint under the same name does not get it; a damaged package is compiled again
     def run(seed, name="tiny"):
@@ -278,6 +279,25 @@ def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_i
     assert len(list((tmp_path / "compiled").rglob("*.pt2"))) == 2
     package.write_bytes(b"not a package")
     assert run(seed=9) == 1
+
+    # past the size limit, a compile removes the least recently used packages (seed 10's, then seed 9's)
+    from multispec.cli import main
+
+    size = package.stat().st_size
+    monkeypatch.setenv("MULTISPEC_COMPILED_LIMIT_GB", str(1.5 * size / 1e9))
+    capsys.readouterr()
+    assert run(seed=11) == 1
+    assert "removed 2 least recently used compiled step(s)" in capsys.readouterr().err
+    (kept,) = (tmp_path / "compiled").rglob("*.pt2")
+    assert run(seed=11) == 0
+    assert main(["compiled"]) == 0
+    listed = capsys.readouterr().out
+    assert "1 compiled step(s)" in listed and "tiny  torch.float32  onednn-1x2" in listed
+    assert main(["compiled", "--clear"]) == 0 and "removed 1 compiled step(s)" in capsys.readouterr().out
+    assert not list((tmp_path / "compiled").iterdir())
+    monkeypatch.setenv("MULTISPEC_COMPILED_LIMIT_GB", "lots")
+    with pytest.raises(ValueError, match="MULTISPEC_COMPILED_LIMIT_GB='lots': give the gigabytes"):
+        run(seed=11)
 
 
 def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):

@@ -290,6 +290,8 @@ class HFModel(LanguageModel):
         if compiled:
             if self.device.type == "cpu" and self.kernel not in ("auto", *KERNELS):
                 raise ValueError(f"kernel {self.kernel!r}: 'auto' or one of {', '.join(KERNELS)}")
+            if self._packaging():
+                packaged.limit_bytes()  # a bad MULTISPEC_COMPILED_LIMIT_GB is refused, not taken for a failed compile
             try:
                 logits = self._run_compiled(ids, pos, masks, slots, cache)
             except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
@@ -391,7 +393,7 @@ class HFModel(LanguageModel):
         _store_kernel(self, shape, kind, seconds)
         for other in KERNELS:  # only the kept variant's package stays on disk
             if other != kind and self._packages.pop((other, shape), None) is not None:
-                packaged.path_for(self._package_key(), other, shape).unlink(missing_ok=True)
+                packaged.remove(packaged.path_for(self._package_key(), other, shape))
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
         print(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
@@ -436,6 +438,11 @@ class HFModel(LanguageModel):
             self.compiles += 1
             print(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)",
                   file=sys.stderr, flush=True)
+            removed = packaged.prune(keep=path)
+            if removed:
+                print(f"multispec: removed {len(removed)} least recently used compiled step(s) "
+                      f"({sum(p['bytes'] for p in removed) / 1e6:.0f} MB) to stay within "
+                      f"{packaged.LIMIT_VARIABLE}={packaged.limit_bytes() / 1e9:g}", file=sys.stderr, flush=True)
         else:
             print(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)

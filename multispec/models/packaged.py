@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,26 @@ def enabled() -> bool:
     """Packages are kept unless MULTISPEC_KEEP_COMPILED=0 (a package holds a copy of the weights: a few
     hundred MB per shape for the default target, more for larger models)."""
     return os.environ.get("MULTISPEC_KEEP_COMPILED", "1") != "0"
+
+
+LIMIT_VARIABLE = "MULTISPEC_COMPILED_LIMIT_GB"
+DEFAULT_LIMIT_GB = 20.0
+
+
+def limit_bytes() -> int:
+    """How much disk the packages may take together (MULTISPEC_COMPILED_LIMIT_GB, default 20): past it, the
+    least recently used ones are removed after a compile."""
+    text = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if not text:
+        return int(DEFAULT_LIMIT_GB * 1e9)
+    try:
+        gb = float(text)
+    except ValueError:
+        gb = -1.0
+    if not gb >= 0 or gb == float("inf"):
+        raise ValueError(f"{LIMIT_VARIABLE}={text!r}: give the gigabytes compiled steps may take on disk, "
+                         "a number >= 0")
+    return int(gb * 1e9)
 
 
 def folder() -> Path:
@@ -107,6 +128,47 @@ def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tup
     (path.parent / "key.json").write_text(json.dumps({"key": key}))
 
 
+def packages() -> list[dict]:
+    """The packages on disk, most recently used first: path, model (the key's first field), key, bytes, used."""
+    found = []
+    for path in folder().glob("*/*.pt2"):
+        try:
+            stat = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        try:
+            key = json.loads((path.parent / "key.json").read_text())["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            key = ""
+        found.append({"path": path, "model": key.split("|", 1)[0] or "?", "key": key, "bytes": stat.st_size,
+                      "used": stat.st_mtime})
+    return sorted(found, key=lambda p: -p["used"])
+
+
+def remove(path: Path) -> None:
+    """Remove a package, and its folder once it holds no other."""
+    path.unlink(missing_ok=True)
+    if path.parent.is_dir() and not any(path.parent.glob("*.pt2")):
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def prune(keep: Path) -> list[dict]:
+    """Remove the least recently used packages (never `keep`) until all of them fit the limit; returns those
+    removed."""
+    limit, found = limit_bytes(), packages()
+    total = sum(p["bytes"] for p in found)
+    removed = []
+    for p in reversed(found):  # least recently used first
+        if total <= limit:
+            break
+        if p["path"] == keep:
+            continue
+        remove(p["path"])
+        total -= p["bytes"]
+        removed.append(p)
+    return removed
+
+
 class Loaded:
     """A loaded package, called like the step. The call spec is read once (the stock wrapper parses it on
     every call); the inputs must be contiguous, as the examples were."""
@@ -129,7 +191,9 @@ def load(path: Path) -> Loaded | None:
     if not path.exists():
         return None
     try:
-        return Loaded(path)
+        step = Loaded(path)
     except Exception:  # noqa: BLE001 - a damaged or foreign package is made again
         path.unlink(missing_ok=True)
         return None
+    os.utime(path)  # its last use, for `prune`
+    return step
