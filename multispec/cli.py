@@ -408,15 +408,13 @@ def cmd_generate(args) -> int:
                                  compile=args.compile)
         pair = ModelPair(target_only, None, {target_only.name: describe_model(target_only)})
     target = pair.target
+    from . import console
     from .streaming import TextStream
 
     text = TextStream(target.decode)
 
     def stream(tokens: list[int]) -> None:
-        piece = text.push(tokens)
-        if piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        console.write(text.push(tokens))
 
     result = generate(
         target, pair.draft, args.prompt, method=name, max_new_tokens=args.max_new_tokens,
@@ -428,7 +426,8 @@ def cmd_generate(args) -> int:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": st,
                           "method": name, "models": pair.description}))
         return 0
-    sys.stdout.write(text.finish())
+    console.write(text.finish())
+    console.end_text()  # the summary below ends the line
     acc = f" · acceptance {st['acceptance_rate']:.2f}" if st["acceptance_rate"] is not None else ""
     predicted = (f" · decoding {st['decode_tokens_per_second']:.1f} tokens/s, predicted "
                  f"{st['predicted_tokens_per_second']:.1f}" if st.get("predicted_tokens_per_second") else "")

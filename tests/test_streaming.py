@@ -57,3 +57,18 @@ def test_the_earliest_of_several_stops_wins():
     s = TextStream(decode, stop=["more", "wor"])
     pieces, _ = run(s, [[0, 1, 2, 3, 4, 5, 6]])
     assert pieces == ["Hello "] and s.stopped
+
+
+def test_a_progress_note_during_streamed_text_starts_on_its_own_line(capsys):
+    from multispec import console
+
+    console.write("1")
+    console.note("multispec: compiling ...")
+    console.write(". Danube\n")
+    console.note("multispec: loaded")
+    console.write("2. Nile")
+    console.end_text()
+    console.note("multispec: done")
+    out, err = capsys.readouterr()
+    assert out == "1. Danube\n2. Nile"  # the text itself is untouched
+    assert err == "\nmultispec: compiling ...\nmultispec: loaded\nmultispec: done\n"

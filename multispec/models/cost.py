@@ -295,13 +295,21 @@ def describe_device(device) -> str:
         return f"{device} ({torch.cuda.get_device_name(device)})"
     import platform
 
-    model = ""
+    model, flags = "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return f"cpu ({model or platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    # one model name covers hosts with and without AVX-512 and bfloat16 instructions: name what this one has
+    vector = torch.backends.cpu.get_cpu_capability()
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    isa = f"{vector}" + (f" + {' + '.join(bf16)}" if bf16 else "")
+    return f"cpu ({model or platform.processor() or platform.machine()}, {isa}, {torch.get_num_threads()} threads)"
 
 
 def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) -> dict:

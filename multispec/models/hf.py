@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 import warnings
 from typing import Any
 
 import torch
 
+from ..console import note
 from . import packaged, static
 from .base import LanguageModel
 from .cost import bucket
@@ -131,7 +131,7 @@ class HFModel(LanguageModel):
         self.kv_shapes, why = self._probe()
         self.static = self.kv_shapes is not None
         if not self.static:
-            print(f"multispec: {self.name} keeps transformers' dynamic cache, uncompiled ({why})", file=sys.stderr)
+            note(f"multispec: {self.name} keeps transformers' dynamic cache, uncompiled ({why})")
         self.compile = bool(compile) and self.static
         self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
@@ -298,8 +298,8 @@ class HFModel(LanguageModel):
                 # nothing is committed before the compiled call returns (the length is set after it), so the
                 # same feed runs again from the top, eagerly
                 self.compile = False
-                print(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:200]})", file=sys.stderr)
+                note(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:200]})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep)
         else:
             keep = min(n, logits_to_keep or n)
@@ -360,8 +360,8 @@ class HFModel(LanguageModel):
         what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
         if (kind, shape) not in self._shapes:
             self._shapes.add((kind, shape))
-            print(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
-                  "process) ...", file=sys.stderr, flush=True)
+            note(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
+                  "process) ...")
         graphs = counters["stats"]["unique_graphs"]
         with _compile_settings(kernels):
             logits = self._compiled[kind](*args)
@@ -369,7 +369,7 @@ class HFModel(LanguageModel):
             seconds = time.perf_counter() - t0
             self.compiles += counters["stats"]["unique_graphs"] - graphs
             self.compile_seconds += seconds
-            print(f"multispec: compiled in {seconds:.0f} s", file=sys.stderr, flush=True)
+            note(f"multispec: compiled in {seconds:.0f} s")
         return logits
 
     def _choose_kernel(self, shape, args):
@@ -396,9 +396,9 @@ class HFModel(LanguageModel):
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
-        print(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
+        note(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
               + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
-              + f" per step here; keeps {kind}", file=sys.stderr, flush=True)
+              + f" per step here; keeps {kind}")
         return logits
 
     def _packaging(self) -> bool:
@@ -422,8 +422,7 @@ class HFModel(LanguageModel):
         step = packaged.load(path)
         what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
         if step is None:
-            print(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...",
-                  file=sys.stderr, flush=True)
+            note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
             try:
                 with _compile_settings(kernels):
                     packaged.build(path, self._package_key(), self.model, self._step, args, kernels)
@@ -432,20 +431,18 @@ class HFModel(LanguageModel):
                     raise RuntimeError(f"the package written to {path} does not load")
             except Exception as e:  # noqa: BLE001 - torch.compile in this process still compiles most models
                 self._packaged = False
-                print(f"multispec: {self.name} is compiled in memory, per process: it does not export "
-                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})", file=sys.stderr, flush=True)
+                note(f"multispec: {self.name} is compiled in memory, per process: it does not export "
+                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
                 return None
             self.compiles += 1
-            print(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)",
-                  file=sys.stderr, flush=True)
+            note(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)")
             removed = packaged.prune(keep=path)
             if removed:
-                print(f"multispec: removed {len(removed)} least recently used compiled step(s) "
+                note(f"multispec: removed {len(removed)} least recently used compiled step(s) "
                       f"({sum(p['bytes'] for p in removed) / 1e6:.0f} MB) to stay within "
-                      f"{packaged.LIMIT_VARIABLE}={packaged.limit_bytes() / 1e9:g}", file=sys.stderr, flush=True)
+                      f"{packaged.LIMIT_VARIABLE}={packaged.limit_bytes() / 1e9:g}")
         else:
-            print(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s",
-                  file=sys.stderr, flush=True)
+            note(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s")
         self.compile_seconds += time.perf_counter() - t0
         self._packages[(kind, shape)] = step
         return step
