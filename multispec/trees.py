@@ -38,9 +38,21 @@ class TokenTree:
     def size(self) -> int:
         return int(self.parents.shape[0])
 
-    @property
+    # read every iteration by the drafters: kept as Python values (a tensor call each time costs more here)
+    @functools.cached_property
     def max_depth(self) -> int:
         return int(self.depth.max()) if self.size else 0
+
+    @functools.cached_property
+    def _levels(self) -> dict[int, slice]:
+        """Depth -> its nodes, for depths whose nodes are contiguous."""
+        depths = self.depth.tolist()
+        found: dict[int, slice] = {}
+        for d in range(1, self.max_depth + 1):
+            nodes = [g for g, dg in enumerate(depths) if dg == d]
+            if nodes[-1] + 1 - nodes[0] == len(nodes):
+                found[d] = slice(nodes[0], nodes[-1] + 1)
+        return found
 
     @classmethod
     def from_parents(cls, parents: list[int]) -> TokenTree:
@@ -149,13 +161,11 @@ class TokenTree:
 
     def level(self, d: int) -> slice:
         """The nodes of depth d, for a tree laid out breadth first (as `from_branching` and chains are)."""
-        idx = (self.depth == d).nonzero().flatten()
-        if idx.numel() == 0:
+        if not 1 <= d <= self.max_depth:
             return slice(0, 0)
-        start, stop = int(idx[0]), int(idx[-1]) + 1
-        if stop - start != idx.numel():
+        if d not in self._levels:
             raise ValueError(f"the nodes of depth {d} are not contiguous: the tree is not breadth first")
-        return slice(start, stop)
+        return self._levels[d]
 
     def leaves(self) -> list[int]:
         return [g for g in range(self.size) if not self.kids[1 + g]]
