@@ -37,9 +37,24 @@ class Sampling:
             return probs.argmax(-1)
         return categorical(probs, generator)
 
+    def next_token(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`draw(probs(logits))` where the distributions themselves are not needed: greedy takes the logits'
+        argmax (the same first maximum) without building one-hot rows."""
+        if self.greedy:
+            return logits.argmax(-1)
+        return categorical(self.probs(logits), generator)
+
+    def probs_and_token(self, logits: torch.Tensor, generator: torch.Generator | None = None):
+        """(`probs(logits)`, `draw` from them), with one argmax when greedy instead of two."""
+        if self.greedy:
+            token = logits.argmax(-1)
+            return torch.zeros_like(logits, dtype=_float(logits)).scatter_(-1, token.unsqueeze(-1), 1.0), token
+        probs = self.probs(logits)
+        return probs, categorical(probs, generator)
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
-        logits = logits.float() if logits.dtype not in (torch.float32, torch.float64) else logits
+        logits = logits.to(_float(logits))
         if self.greedy:
             out = torch.zeros_like(logits)
             return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
@@ -47,6 +62,11 @@ class Sampling:
         z = _top_k(z, self.top_k)
         z = _top_p(z, self.top_p)
         return torch.softmax(z, dim=-1)
+
+
+def _float(t: torch.Tensor) -> torch.dtype:
+    """The dtype probabilities are computed in: float32 at least, float64 stays float64."""
+    return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None) -> torch.Tensor:

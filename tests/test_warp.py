@@ -118,3 +118,16 @@ def test_draws_without_replacement_follow_the_sequential_law():
     assert chisquare(observed, wrong).pvalue < 1e-6
     with pytest.raises(ValueError, match="cannot draw 5 distinct indices from 4"):
         draw_without_replacement(w, 5, g)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_next_token_and_probs_and_token_draw_as_draw_of_probs(temperature):
+    sampling = Sampling(temperature=temperature, top_k=5)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
+    logits[1, 7] = logits[1, 30] = logits[1].max() + 1  # a tie: the first maximum is the greedy token
+    want = sampling.draw(sampling.probs(logits), torch.Generator().manual_seed(4))
+    assert torch.equal(sampling.next_token(logits, torch.Generator().manual_seed(4)), want)
+    probs, token = sampling.probs_and_token(logits, torch.Generator().manual_seed(4))
+    assert torch.equal(probs, sampling.probs(logits)) and torch.equal(token, want)
+    assert temperature > 0 or want[1] == 7
+    assert torch.equal(sampling.probs_and_token(logits.half())[0], sampling.probs(logits.half()))

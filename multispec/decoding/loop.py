@@ -19,7 +19,7 @@ from ..verify import Verdict
 
 def target_step(s: Session) -> int:
     """One plain target step: the next token from the target alone."""
-    return int(s.sample(s.sampling.probs(s.target.feed([s.tokens])[0, -1])))
+    return int(s.sampling.next_token(s.target.feed([s.tokens])[0, -1], s.generator))
 
 
 def draft_depths(s: Session, wanted: int, bonus: bool = True) -> Iterator[int]:

@@ -56,7 +56,7 @@ def decode(s: Session, *, gamma: int, bonus: bool) -> None:
         s.append(block)
         if bonus and not s.done:
             row = torch.log(target.conditionals(len(s.tokens) - 1)[s.tokens[-1]])
-            s.append([int(s.sample(s.sampling.probs(row)))])
+            s.append([int(s.sampling.next_token(row, s.generator))])
         s.counters["iterations"] += 1
 
 

@@ -71,8 +71,7 @@ class DraftChain(ModelDrafter):
         probs, tokens = [], []
         logits = self.runner.feed([context])[0]
         for i in range(g):
-            q = sampling.probs(logits[-1])
-            token = self.setup.sample(q)
+            q, token = sampling.probs_and_token(logits[-1], self.setup.generator)
             probs.append(q)
             tokens.append(token)
             if self.confidence > 0 and torch.softmax(logits[-1].float(), -1)[token] < self.confidence:
