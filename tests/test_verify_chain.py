@@ -83,3 +83,34 @@ def test_greedy_rows_accept_iff_draft_is_target_argmax():
         assert (len(v.accepted), v.next_token) == expect
         assert v.new_tokens == drafts[: expect[0]] + [expect[1]]
 
+
+
+def test_greedy_verify_is_the_chain_rule_on_one_hot_target_rows():
+    # every case of up to 3 drafts over 3 tokens, draft rows one-hot or not: the same verdict as the rule;
+    # a variant that stops at the first draft the draft itself doubted (not the target) differs
+    import itertools
+
+    from multispec.verify import Verdict, greedy_verify
+
+    eye = torch.eye(3, dtype=torch.float64)
+    soft = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+
+    def mismatches(rule) -> int:
+        count = 0
+        for g in (1, 2, 3):
+            for drafts in itertools.product(range(3), repeat=g):
+                for targets in itertools.product(range(3), repeat=g + 1):
+                    for bonus in (True, False):
+                        tokens, rows = torch.tensor(drafts), eye[list(targets)]
+                        draft_rows = soft.expand(g, -1) if sum(drafts) % 2 else eye[tokens]
+                        want = speculative_verify(rows if bonus else rows[:-1], draft_rows, tokens,
+                                                  torch.Generator().manual_seed(0), bonus=bonus)
+                        count += rule(torch.tensor(targets if bonus else targets[:-1]), tokens, bonus) != want
+        return count
+
+    def accepts_every_draft(target_tokens, draft_tokens, bonus):
+        g = draft_tokens.shape[0]
+        return Verdict(tuple(range(g)), tuple(draft_tokens.tolist()), int(target_tokens[g]) if bonus else None)
+
+    assert mismatches(lambda t, d, bonus: greedy_verify(t, d, bonus=bonus)) == 0
+    assert mismatches(accepts_every_draft) > 0

@@ -19,7 +19,7 @@ from ..drafting import make_drafter, setup_of
 from ..drafting.length import AutoLength, DraftLength
 from ..engine import Entries, Session
 from ..models.cost import forward_cost
-from ..verify import relaxed_verify, speculative_verify
+from ..verify import greedy_verify, relaxed_verify, speculative_verify
 from .loop import speculate
 from .registry import BONUS, IntOrAuto, Method, Param, drafter_params, register
 
@@ -42,8 +42,10 @@ def _verify(s: Session, rule, bonus: bool, proposal):
     drafts = proposal.tokens
     # without a bonus token nothing needs the target's distribution after the last draft
     scored = drafts if bonus else drafts[:-1]
-    target_probs = s.sampling.probs(s.target.feed([s.tokens], Entries.chain(scored))[0])
-    return rule(target_probs, proposal.draft_probs, drafts, s.generator, bonus=bonus)
+    logits = s.target.feed([s.tokens], Entries.chain(scored))[0]
+    if rule is speculative_verify and s.sampling.greedy:  # one-hot target rows: decided by their argmax alone
+        return greedy_verify(logits.argmax(-1), drafts, bonus=bonus)
+    return rule(s.sampling.probs(logits), proposal.draft_probs, drafts, s.generator, bonus=bonus)
 
 
 def decode_relaxed(s: Session, *, gamma: int, eps: float, resample: str, bonus: bool) -> None:

@@ -68,6 +68,22 @@ def speculative_verify(
     return _chain_verdict(draft_tokens, n, dist, generator)
 
 
+def greedy_verify(target_tokens: torch.Tensor, draft_tokens: torch.Tensor, bonus: bool = True) -> Verdict:
+    """`speculative_verify` where every target row is one-hot (temperature 0), from the target's argmax tokens
+    alone: a draft passes iff it is the target's token (min(1, 1 / d(x)) or 0, whatever the draft row), and
+    the token after the accepted drafts is the target's (the residual of a one-hot row that rejected x is
+    that row). No probability rows, no random numbers.
+
+    target_tokens: [g + 1] (or [g] without bonus), the target's argmax at each draft position and after the last.
+    draft_tokens:  [g].
+    """
+    g = draft_tokens.shape[0]
+    target, drafts = target_tokens.tolist(), draft_tokens.tolist()
+    n = next((i for i in range(g) if drafts[i] != target[i]), g)
+    nxt = target[n] if n < g or bonus else None
+    return Verdict(tuple(range(n)), tuple(drafts[:n]), nxt, n < g)
+
+
 def _chain_verdict(draft_tokens: torch.Tensor, n: int, dist: torch.Tensor | None, generator) -> Verdict:
     nxt = None if dist is None else int(categorical(dist, generator))
     return Verdict(tuple(range(n)), tuple(draft_tokens[:n].tolist()), nxt, n < draft_tokens.shape[0])
