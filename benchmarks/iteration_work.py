@@ -4,14 +4,15 @@ calls an iteration makes outside the forwards.
 
     python benchmarks/iteration_work.py [--tokens 64] [--out FILE.jsonl]
 
-One prompt, the default pair as loaded (eager unless --compile), each method at T = 0 and 1; the first run of
-each warms up and is not kept.
+One prompt, the default pair as loaded (eager unless --compile), each method at T = 0 and 1: a warm-up run,
+a run counting torch calls, a timed run (the same seed).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import time
@@ -31,7 +32,9 @@ class Timers:
         self.in_forward = 0
 
     def wrap(self, owner, name: str, label: str, forward: bool = False) -> None:
-        f = getattr(owner, name)
+        f = getattr(owner, name, None)
+        if f is None:  # an older engine (for a before/after run) may lack it
+            return
 
         @functools.wraps(f)
         def timed(*a, **k):
@@ -97,20 +100,23 @@ def main() -> None:
     rows = []
     for method, params in METHODS:
         for temperature in (0.0, 1.0):
-            for rep in range(2):
+            # a warm-up run, one counting torch calls (the counter slows every call down), one timed
+            for rep in ("warm-up", "count", "time"):
                 timers.seconds.clear()
                 counter = CountCalls(timers)
-                with counter:
+                with counter if rep == "count" else contextlib.nullcontext():
                     r = generate(pair.target, pair.draft, PROMPT, method=method, max_new_tokens=args.tokens,
-                                 temperature=temperature, seed=rep, score=False, **params)
-                if rep == 0:
+                                 temperature=temperature, seed=1, score=False, **params)
+                if rep == "count":
+                    calls = counter.calls / max(1, r.stats["iterations"])
+                if rep != "time":
                     continue
                 st = r.stats
                 it = max(1, st["iterations"] or st["target_calls"])
                 row = {"method": method, **params, "temperature": temperature, "iterations": it,
                        "target_ms_per_call": 1e3 * st["target_seconds"] / st["target_calls"],
                        "other_ms_per_iteration": 1e3 * st["other_seconds"] / it,
-                       "torch_calls_per_iteration": counter.calls / it,
+                       "torch_calls_per_iteration": calls,
                        "split_ms_per_iteration": {k: round(1e3 * v / it, 3) for k, v in timers.seconds.most_common()
                                                   if k != "forward"},
                        # the rest of "other": the loop and the methods' own code between the calls timed
