@@ -199,3 +199,52 @@ def test_recursive_rejection_tries_every_duplicate():
             assert token in (0, 1)
     twice = torch.tensor([0.55 / 0.6, 0.05 / 0.6, 0], dtype=torch.float64)  # norm(max(0, [.75, .25, 0] - draft))
     assert torch.allclose(residual(residual(target, draft), draft), twice)
+
+
+def test_greedy_tree_verify_is_the_tree_walk_on_one_hot_target_rows():
+    # random irregular trees, candidates, dead padding and fixed (copied) children, one-hot target rows:
+    # the same verdict as tree_verify with each exact node rule; a variant that accepts each node's first
+    # child without testing the target's token differs
+    from multispec.verify import (
+        Verdict,
+        greedy_tree_verify,
+        naive_rejection,
+        recursive_rejection,
+        tree_verify,
+        without_replacement_rejection,
+    )
+
+    rng = torch.Generator().manual_seed(5)
+    vocab = 4
+    eye = torch.eye(vocab, dtype=torch.float64)
+
+    def first_child_always(tree, tokens, target_tokens, bonus, live, fixed):
+        node, accepted = -1, []
+        while tree.children(node):
+            node = tree.children(node)[0]
+            accepted.append(node)
+        return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted),
+                       int(target_tokens[1 + node]) if bonus else None, False)
+
+    mismatches = {"greedy": 0, "wrong": 0}
+    for case in range(300):
+        n = int(torch.randint(1, 8, (1,), generator=rng))
+        parents = [int(torch.randint(-1, g, (1,), generator=rng)) if g else -1 for g in range(n)]
+        tree = TokenTree.canonical(parents)
+        tokens = torch.randint(vocab, (n,), generator=rng)
+        targets = torch.randint(vocab, (1 + n,), generator=rng)
+        live = torch.rand(n, generator=rng) > 0.2 if case % 3 == 0 else None
+        fixed = torch.rand(n, generator=rng) > 0.6 if case % 4 == 0 else None
+        draft = torch.softmax(torch.randn(1 + n, vocab, generator=rng, dtype=torch.float64), -1)
+        for rule in (recursive_rejection, without_replacement_rejection, naive_rejection):
+            if rule is without_replacement_rejection:  # its candidates must be distinct per parent
+                if any(len(set(tokens[list(tree.children(g))].tolist())) != len(tree.children(g))
+                       for g in range(-1, n)):
+                    continue
+            for bonus in (True, False):
+                want = tree_verify(tree, tokens, eye[targets], draft, torch.Generator().manual_seed(case), rule,
+                                   bonus, live, fixed)
+                got = greedy_tree_verify(tree, tokens, targets, bonus, live, fixed)
+                mismatches["greedy"] += got != want
+                mismatches["wrong"] += first_child_always(tree, tokens, targets, bonus, live, fixed) != want
+    assert mismatches["greedy"] == 0 and mismatches["wrong"] > 0, mismatches

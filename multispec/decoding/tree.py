@@ -29,9 +29,18 @@ from ..engine import Entries, ModelRunner, Session
 from ..models.cost import forward_cost
 from ..tree_search import RankAcceptance, record_verdict
 from ..trees import Shape, TokenTree, load_tree, parse_k_config, tree_from_json
-from ..verify import naive_rejection, recursive_rejection, tree_verify, without_replacement_rejection
+from ..verify import (
+    greedy_tree_verify,
+    naive_rejection,
+    recursive_rejection,
+    tree_verify,
+    without_replacement_rejection,
+)
 from .loop import speculate
 from .registry import BONUS, Method, Param, drafter_params, k_config_param, register
+
+# the node rules whose outcome on one-hot target rows `greedy_tree_verify` gives
+EXACT_RULES = (recursive_rejection, without_replacement_rejection, naive_rejection)
 
 
 def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool = True,
@@ -47,9 +56,13 @@ def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool
             logits = s.target.feed([s.tokens], Entries.tree(tree, proposal.tokens[:scored], slice(0, scored)))[0]
         else:
             logits = score_paths(s.target, s.tokens, proposal.tokens, tree)
-        target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g
-        verdict = tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule, bonus,
-                              proposal.live, proposal.fixed)
+        if s.sampling.greedy and rule in EXACT_RULES:  # one-hot target rows: decided by their argmax alone
+            verdict = greedy_tree_verify(tree, proposal.tokens, logits.argmax(-1), bonus, proposal.live,
+                                         proposal.fixed)
+        else:
+            target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g
+            verdict = tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule,
+                                  bonus, proposal.live, proposal.fixed)
         record_verdict(s.ranks, rank_key, tree, verdict.accepted, verdict.rejected, proposal.live, proposal.fixed)
         return verdict
 

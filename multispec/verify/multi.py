@@ -16,7 +16,8 @@ Glossary (MCSD §3.3-3.5, §3.8):
   naive_rejection                MCNS: draw x from the target; accept the first candidate equal to x, else
                                  emit x. Exact, and accepts less often (MCSD Prop. C).
   tree_verify walks down a `TokenTree` from the root, applying a node rule to each accepted node's
-              children, and returns one `Verdict`.
+              children, and returns one `Verdict`; `greedy_tree_verify` is its outcome on one-hot target
+              rows (temperature 0), from the target's argmax tokens.
 Rows follow the tree convention: row 0 is the root, row 1 + g is node g, for target and draft alike.
 """
 
@@ -128,6 +129,42 @@ def tree_verify(
         current = target_probs[1 + node] if bonus or tree.children(node) else None
     nxt = int(categorical(current, generator)) if bonus else None
     return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted), nxt, False)
+
+
+def greedy_tree_verify(
+    tree: TokenTree,
+    tokens: torch.Tensor,
+    target_tokens: torch.Tensor,
+    bonus: bool = True,
+    live: torch.Tensor | None = None,
+    fixed: torch.Tensor | None = None,
+) -> Verdict:
+    """`tree_verify` where every target row is one-hot (temperature 0), with any of the three exact node rules,
+    from the target's argmax tokens alone. At each accepted node the target's token y is certain: a candidate
+    passes iff it is y (acceptance min(1, t(x) / d(x)) is 1 or 0; the naive rule's target draw is y), every
+    residual of a one-hot row that rejected x is that row, so the first child that is y - fixed children
+    first, then drawn ones, each group in node order, as `tree_verify` tries them - is accepted, and after a
+    rejection the next token is y. No probability rows, no random numbers.
+
+    target_tokens: [1 + N] (or fewer without `bonus`: the rows `tree_verify` would read), row 0 the root.
+    """
+    ids, target = tokens.tolist(), target_tokens.tolist()
+    alive = None if live is None else live.tolist()
+    copied = None if fixed is None else fixed.tolist()
+    node, accepted = -1, []
+    while True:
+        kids = [k for k in tree.children(node) if alive is None or alive[k]]
+        if not kids:
+            break
+        if copied is not None:
+            kids = [k for k in kids if copied[k]] + [k for k in kids if not copied[k]]
+        want = target[1 + node]
+        chosen = next((k for k in kids if ids[k] == want), None)
+        if chosen is None:
+            return Verdict(tuple(accepted), tuple(ids[a] for a in accepted), want, True)
+        node = chosen
+        accepted.append(node)
+    return Verdict(tuple(accepted), tuple(ids[a] for a in accepted), target[1 + node] if bonus else None, False)
 
 
 def _fixed_children(current: torch.Tensor, kids, tokens: torch.Tensor, fixed, generator):
