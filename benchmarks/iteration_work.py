@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--methods", default=None, help="only these methods, comma-separated (default: all)")
     args = ap.parse_args()
     import multispec.decoding.loop as loop
     import multispec.decoding.sd as sd
@@ -98,7 +99,8 @@ def main() -> None:
     timers.wrap(loop, "target_step", "target_step")
     timers.wrap(tree_method, "score_paths", "tree score_paths")
     rows = []
-    for method, params in METHODS:
+    chosen = None if args.methods is None else set(args.methods.split(","))
+    for method, params in (m for m in METHODS if chosen is None or m[0] in chosen):
         for temperature in (0.0, 1.0):
             # a warm-up run, one counting torch calls (the counter slows every call down), one timed
             for rep in ("warm-up", "count", "time"):
