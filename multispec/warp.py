@@ -42,22 +42,21 @@ class Sampling:
         argmax (the same first maximum) without building one-hot rows."""
         if self.greedy:
             return logits.argmax(-1)
-        return categorical(self.probs(logits), generator)
+        return self.draw(self.probs(logits), generator)
 
     def probs_and_token(self, logits: torch.Tensor, generator: torch.Generator | None = None):
         """(`probs(logits)`, `draw` from them), with one argmax when greedy instead of two."""
         if self.greedy:
             token = logits.argmax(-1)
-            return torch.zeros_like(logits, dtype=_float(logits)).scatter_(-1, token.unsqueeze(-1), 1.0), token
+            return _one_hot(token, logits), token
         probs = self.probs(logits)
-        return probs, categorical(probs, generator)
+        return probs, self.draw(probs, generator)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
-        logits = logits.to(_float(logits))
         if self.greedy:
-            out = torch.zeros_like(logits)
-            return out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+            return _one_hot(logits.argmax(-1), logits)
+        logits = logits.to(_float(logits))
         z = logits / self.temperature if self.temperature != 1 else logits  # x / 1 is x: one pass saved
         z = _top_k(z, self.top_k)
         z = _top_p(z, self.top_p)
@@ -67,6 +66,11 @@ class Sampling:
 def _float(t: torch.Tensor) -> torch.dtype:
     """The dtype probabilities are computed in: float32 at least, float64 stays float64."""
     return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _one_hot(token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Rows shaped as `logits`, in its probability dtype, with 1 at each row's `token`."""
+    return torch.zeros_like(logits, dtype=_float(logits)).scatter_(-1, token.unsqueeze(-1), 1.0)
 
 
 def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None) -> torch.Tensor:
