@@ -29,6 +29,7 @@ class Timers:
     def __init__(self):
         self.seconds = collections.Counter()
         self.stack: list[float] = []
+        self.labels: list[str] = []  # the timed calls in progress, innermost last
         self.in_forward = 0
 
     def wrap(self, owner, name: str, label: str, forward: bool = False) -> None:
@@ -40,11 +41,13 @@ class Timers:
         def timed(*a, **k):
             t0 = time.perf_counter()
             self.stack.append(0.0)
+            self.labels.append(label)
             self.in_forward += forward
             try:
                 return f(*a, **k)
             finally:
                 self.in_forward -= forward
+                self.labels.pop()
                 dt = time.perf_counter() - t0
                 inner = self.stack.pop()
                 self.seconds[label] += dt - inner
@@ -58,10 +61,12 @@ class CountCalls(TorchDispatchMode):
     def __init__(self, timers: Timers):
         super().__init__()
         self.timers, self.calls = timers, 0
+        self.by_label: collections.Counter[str] = collections.Counter()  # calls by the innermost timed call
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.timers.in_forward:
             self.calls += 1
+            self.by_label[self.timers.labels[-1] if self.timers.labels else "loop"] += 1
             return func(*args, **(kwargs or {}))
         with _disable_current_modes():
             return func(*args, **(kwargs or {}))
@@ -110,7 +115,9 @@ def main() -> None:
                     r = generate(pair.target, pair.draft, PROMPT, method=method, max_new_tokens=args.tokens,
                                  temperature=temperature, seed=1, score=False, **params)
                 if rep == "count":
-                    calls = counter.calls / max(1, r.stats["iterations"])
+                    its = max(1, r.stats["iterations"])
+                    calls = counter.calls / its
+                    calls_by = {k: round(v / its, 1) for k, v in counter.by_label.most_common()}
                 if rep != "time":
                     continue
                 st = r.stats
@@ -119,6 +126,7 @@ def main() -> None:
                        "target_ms_per_call": 1e3 * st["target_seconds"] / st["target_calls"],
                        "other_ms_per_iteration": 1e3 * st["other_seconds"] / it,
                        "torch_calls_per_iteration": calls,
+                       "torch_calls_by_call": calls_by,
                        "split_ms_per_iteration": {k: round(1e3 * v / it, 3) for k, v in timers.seconds.most_common()
                                                   if k != "forward"},
                        # the rest of "other": the loop and the methods' own code between the calls timed
@@ -129,7 +137,8 @@ def main() -> None:
                 print(f"{method} {params} T={temperature:g}: other {row['other_ms_per_iteration']:.2f} ms/iteration "
                       f"({row['torch_calls_per_iteration']:.0f} torch calls) against a target call of "
                       f"{row['target_ms_per_call']:.1f} ms; " + ", ".join(
-                          f"{k} {v:.2f}" for k, v in list(row["split_ms_per_iteration"].items())[:5]), flush=True)
+                          f"{k} {v:.2f}" for k, v in list(row["split_ms_per_iteration"].items())[:5])
+                      + "; torch calls: " + ", ".join(f"{k} {v:g}" for k, v in calls_by.items()), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             for row in rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -34,28 +35,28 @@ class Sampling:
     def draw(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """One token per row of warped `probs`: the argmax when greedy, else a draw with `generator`."""
         if self.greedy:
-            return probs.argmax(-1)
+            return argmax(probs)
         return categorical(probs, generator)
 
     def next_token(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """`draw(probs(logits))` where the distributions themselves are not needed: greedy takes the logits'
         argmax (the same first maximum) without building one-hot rows."""
         if self.greedy:
-            return logits.argmax(-1)
+            return argmax(logits)
         return self.draw(self.probs(logits), generator)
 
     def probs_and_token(self, logits: torch.Tensor, generator: torch.Generator | None = None):
         """(`probs(logits)`, `draw` from them), with one argmax when greedy instead of two."""
         if self.greedy:
-            token = logits.argmax(-1)
-            return _one_hot(token, logits), token
+            token = argmax(logits)
+            return one_hot(token, logits), token
         probs = self.probs(logits)
         return probs, self.draw(probs, generator)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
         if self.greedy:
-            return _one_hot(logits.argmax(-1), logits)
+            return one_hot(argmax(logits), logits)
         logits = logits.to(_float(logits))
         z = logits / self.temperature if self.temperature != 1 else logits  # x / 1 is x: one pass saved
         z = _top_k(z, self.top_k)
@@ -63,14 +64,25 @@ class Sampling:
         return torch.softmax(z, dim=-1)
 
 
+def argmax(t: torch.Tensor) -> torch.Tensor:
+    """`t.argmax(-1)`: the first maximum of each row (a NaN counts as the maximum), as long. On a CPU, numpy's
+    argmax for float32 / float64 rows: torch's CPU argmax scans a row one entry at a time, numpy's is
+    vectorised (about 6x faster over a 49k vocabulary, and one light call)."""
+    if t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float64) or t.dim() == 0 or t.requires_grad:
+        return t.argmax(-1)
+    return torch.from_numpy(np.asarray(t.numpy().argmax(-1), dtype=np.int64))
+
+
 def _float(t: torch.Tensor) -> torch.dtype:
     """The dtype probabilities are computed in: float32 at least, float64 stays float64."""
     return t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _one_hot(token: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Rows shaped as `logits`, in its probability dtype, with 1 at each row's `token`."""
-    return torch.zeros_like(logits, dtype=_float(logits)).scatter_(-1, token.unsqueeze(-1), 1.0)
+def one_hot(token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Rows [*token.shape, V] (V: `like`'s last axis), in `like`'s probability dtype and on `token`'s device,
+    with 1 at each `token`."""
+    rows = torch.zeros(*token.shape, like.shape[-1], dtype=_float(like), device=token.device)
+    return rows.scatter_(-1, token.unsqueeze(-1), 1.0)
 
 
 def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None) -> torch.Tensor:

@@ -78,6 +78,35 @@ def test_compacted_cache_equals_linear_cache():
     assert torch.allclose(runner.feed([committed])[0, -1], full_logits(model, committed)[-1], atol=1e-4)
 
 
+def test_a_commit_and_a_row_reorder_cost_the_same_torch_calls_whatever_the_layer_count():
+    # layers of one shape share one cache buffer: a tree commit moves the accepted entries of every layer in a
+    # few calls (it made two per layer buffer, ~100 a tree iteration on the default target), as does a reorder
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    def calls(layers: int, rows: bool) -> int:
+        model = tiny_llama(seed=2, layers=layers)
+        cache = model.new_cache()
+        assert len(cache.key_buffers) == len(cache.value_buffers) == 1 and len(cache.keys) == layers
+        model.forward(cache, torch.tensor([PROMPT] * 2))
+        Count.calls = 0
+        with Count():
+            if rows:
+                model.select_rows(cache, torch.tensor([1, 0]))
+            else:
+                model.keep_positions(cache, torch.tensor([0, 1, 2, 5, 4]))
+        return Count.calls
+
+    assert calls(2, rows=False) == calls(6, rows=False)
+    assert calls(2, rows=True) == calls(6, rows=True)
+
+
 def test_select_rows_reorders_beams():
     model = tiny_llama(seed=3)
     cache = model.new_cache()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from multispec.warp import Sampling
+from multispec.warp import Sampling, argmax
 
 
 def test_greedy_is_one_hot_at_argmax():
@@ -131,3 +131,22 @@ def test_next_token_and_probs_and_token_draw_as_draw_of_probs(temperature):
     assert torch.equal(probs, sampling.probs(logits)) and torch.equal(token, want)
     assert temperature > 0 or want[1] == 7
     assert torch.equal(sampling.probs_and_token(logits.half())[0], sampling.probs(logits.half()))
+
+
+def test_argmax_is_torchs_argmax_on_ties_nans_infinities_and_views():
+    # the greedy token on a CPU comes from numpy's vectorised argmax: the same first maximum as torch's, a NaN
+    # counted as the maximum, for strided views (logits cut to the vocabulary), single rows and other dtypes
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(6, 40, generator=g, dtype=torch.float64)
+    rows[0, 3] = rows[0, 20] = rows[0].max() + 1  # a tie
+    rows[1, 11] = float("nan")
+    rows[1, 30] = float("inf")
+    rows[2] = float("-inf")  # every entry -inf: index 0
+    rows[3, 5] = float("inf")
+    rows[3, 9] = float("inf")
+    for t in (rows, rows.float(), rows[:, :33], rows.float()[:, :33].T.contiguous().T, rows[2:, 1:], rows.half(),
+              rows.bfloat16(), rows[0], rows.float()[4]):
+        with torch.inference_mode():
+            got = argmax(t)
+        assert got.dtype == torch.long and torch.equal(got, t.argmax(-1)), t.dtype
+    assert argmax(rows[:, :33]).tolist()[:4] == [3, 11, 0, 5]

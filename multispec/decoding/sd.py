@@ -20,6 +20,7 @@ from ..drafting.length import AutoLength, DraftLength
 from ..engine import Entries, Session
 from ..models.cost import forward_cost
 from ..verify import greedy_verify, relaxed_verify, speculative_verify
+from ..warp import argmax
 from .loop import speculate
 from .registry import BONUS, IntOrAuto, Method, Param, drafter_params, register
 
@@ -44,7 +45,7 @@ def _verify(s: Session, rule, bonus: bool, proposal):
     scored = drafts if bonus else drafts[:-1]
     logits = s.target.feed([s.tokens], Entries.chain(scored))[0]
     if rule is speculative_verify and s.sampling.greedy:  # one-hot target rows: decided by their argmax alone
-        return greedy_verify(logits.argmax(-1), drafts, bonus=bonus)
+        return greedy_verify(argmax(logits), drafts, bonus=bonus)
     return rule(s.sampling.probs(logits), proposal.draft_probs, drafts, s.generator, bonus=bonus)
 
 

@@ -36,6 +36,7 @@ from ..verify import (
     tree_verify,
     without_replacement_rejection,
 )
+from ..warp import argmax
 from .loop import speculate
 from .registry import BONUS, Method, Param, drafter_params, k_config_param, register
 
@@ -57,7 +58,7 @@ def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool
         else:
             logits = score_paths(s.target, s.tokens, proposal.tokens, tree)
         if s.sampling.greedy and rule in EXACT_RULES:  # one-hot target rows: decided by their argmax alone
-            verdict = greedy_tree_verify(tree, proposal.tokens, logits.argmax(-1), bonus, proposal.live,
+            verdict = greedy_tree_verify(tree, proposal.tokens, argmax(logits), bonus, proposal.live,
                                          proposal.fixed)
         else:
             target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g

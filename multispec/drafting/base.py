@@ -24,7 +24,9 @@ from ..warp import Sampling
 class Proposal:
     tree: TokenTree
     tokens: torch.Tensor  # [N] token ids, node order
-    draft_probs: torch.Tensor  # [R, V]: row 0 the root, row 1 + g node g, for every node with children
+    # [R, V]: row 0 the root, row 1 + g node g, for every node with children; or a function that makes them,
+    # called when `draft_probs` is first read (a greedy chain's one-hot rows: its greedy rule never reads them)
+    draft_rows: torch.Tensor | Callable[[], torch.Tensor]
     live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
     fixed: torch.Tensor | None = None  # [N] bool: nodes proposed deterministically (one-hot draft); None: none
     logq: torch.Tensor | None = None  # [N] a chain's cumulative joint draft log-probability (joint methods)
@@ -32,6 +34,12 @@ class Proposal:
     @property
     def size(self) -> int:
         return self.tree.size
+
+    @property
+    def draft_probs(self) -> torch.Tensor:
+        if not isinstance(self.draft_rows, torch.Tensor):
+            self.draft_rows = self.draft_rows()
+        return self.draft_rows
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,6 @@ def graft(base: Proposal, branch: Proposal) -> Proposal:
     device = base.tokens.device
     live = base.live if base.live is not None else torch.ones(n, dtype=torch.bool, device=device)
     fixed = base.fixed if base.fixed is not None else torch.zeros(n, dtype=torch.bool, device=device)
-    return Proposal(TokenTree.from_parents(parents), torch.cat([base.tokens, branch.tokens]), base.draft_probs,
+    return Proposal(TokenTree.from_parents(parents), torch.cat([base.tokens, branch.tokens]), base.draft_rows,
                     torch.cat([live, torch.ones(branch.tree.size, dtype=torch.bool, device=device)]),
                     torch.cat([fixed, branch.fixed]))

@@ -8,12 +8,14 @@ with the next proposal, as a committed token.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
-from ..warp import categorical, sequential_draws
+from ..warp import argmax, categorical, one_hot, sequential_draws
 from .base import Drafter, Proposal, Setup
 
 
@@ -71,8 +73,11 @@ class DraftChain(ModelDrafter):
         probs, tokens = [], []
         logits = self.runner.feed([context])[0]
         for i in range(g):
-            q, token = sampling.probs_and_token(logits[-1], self.setup.generator)
-            probs.append(q)
+            if sampling.greedy:  # one-hot rows, made only if a rule reads them
+                q, token = None, argmax(logits[-1])
+            else:
+                q, token = sampling.probs_and_token(logits[-1], self.setup.generator)
+                probs.append(q)
             tokens.append(token)
             if self.confidence > 0 and torch.softmax(logits[-1].float(), -1)[token] < self.confidence:
                 break
@@ -82,7 +87,9 @@ class DraftChain(ModelDrafter):
                 logits = self.runner.feed([context], Entries.chain(token.reshape(1)))[0]
         self._proposed(context, list(range(len(tokens))))
         device = self.setup.device
-        return Proposal(TokenTree.chain(len(tokens)), torch.stack(tokens).to(device), torch.stack(probs).to(device))
+        drafted = torch.stack(tokens).to(device)
+        rows = (partial(one_hot, drafted, logits[-1]) if sampling.greedy else torch.stack(probs).to(device))
+        return Proposal(TokenTree.chain(len(tokens)), drafted, rows)
 
     def _peak(self, q: torch.Tensor, logits: torch.Tensor) -> float:
         return float((torch.softmax(logits.float(), -1) if self.setup.sampling.greedy else q).max())

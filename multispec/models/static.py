@@ -247,6 +247,10 @@ class StaticKV:
     converts its cache at every step): per layer keys [rows, kv_heads, capacity, head_dim] and values beside
     a column of ones [rows, kv_heads, capacity, head_dim + 1] (`with_ones`).
 
+    Layers of the same shapes on the same device share one buffer [layers, rows, heads, capacity, d], and
+    `keys` / `values` are its per-layer views: a commit or a row reorder is then a few torch calls, not a
+    few per layer (a tree iteration's commit made ~100 calls with a buffer per layer).
+
     `length` entries are held in every row (the same count for all rows; rows are hypotheses). Capacity is
     a multiple of KEY_BLOCK and grows by doubling when a forward needs more; `positions` [rows, capacity]
     keeps each entry's position id for sliding-window masks."""
@@ -257,7 +261,14 @@ class StaticKV:
         self.length = 0
         self.rows = 1
         self.capacity = 0
-        self.keys: list[torch.Tensor] = []
+        # layers grouped by (key heads, key dim, value heads, value dim, device): one buffer per group
+        groups: dict[tuple, list[int]] = {}
+        for layer, (ks, vs, dev) in enumerate(shapes):
+            groups.setdefault((ks[1], ks[3], vs[1], vs[3], str(dev)), []).append(layer)
+        self._groups = list(groups.items())
+        self.key_buffers: list[torch.Tensor] = []  # per group [layers, rows, heads, capacity, d]
+        self.value_buffers: list[torch.Tensor] = []  # per group [layers, rows, heads, capacity, dv + 1]
+        self.keys: list[torch.Tensor] = []  # per layer, views of the group buffers
         self.values: list[torch.Tensor] = []
         self.positions = torch.zeros(1, 0, dtype=torch.long, device=device)
         self.reserve(capacity)
@@ -273,20 +284,30 @@ class StaticKV:
             capacity *= 2
         keep = min(self.length, capacity)
 
-        def grow(old: torch.Tensor | None, heads: int, dim: int, device, ones: bool) -> torch.Tensor:
+        def grow(old: torch.Tensor | None, layers: int, heads: int, dim: int, device, ones: bool) -> torch.Tensor:
             # zeros, not empty: slots past the held entries are multiplied by weight 0 (whole key blocks)
-            new = torch.zeros((rows, heads, capacity, dim + ones), dtype=torch.float32, device=device)
+            new = torch.zeros((layers, rows, heads, capacity, dim + ones), dtype=torch.float32, device=device)
             if ones:
                 new[..., -1] = 1.0
             if old is not None and keep:
-                new[: min(rows, old.shape[0]), :, :keep] = old[:rows, :, :keep]
+                new[:, : min(rows, old.shape[1]), :, :keep] = old[:, :rows, :, :keep]
             return new
 
-        old_keys = self.keys or [None] * len(self.shapes)
-        old_values = self.values or [None] * len(self.shapes)
-        self.keys = [grow(o, ks[1], ks[3], dev, False) for o, (ks, _, dev) in zip(old_keys, self.shapes, strict=True)]
-        self.values = [grow(o, vs[1], vs[3], dev, True)
-                       for o, (_, vs, dev) in zip(old_values, self.shapes, strict=True)]
+        old_keys = self.key_buffers or [None] * len(self._groups)
+        old_values = self.value_buffers or [None] * len(self._groups)
+        self.key_buffers, self.value_buffers = [], []
+        keys: list[torch.Tensor | None] = [None] * len(self.shapes)
+        values: list[torch.Tensor | None] = [None] * len(self.shapes)
+        for ((key_heads, key_dim, value_heads, value_dim, _), layers), old_k, old_v in zip(
+                self._groups, old_keys, old_values, strict=True):
+            device = self.shapes[layers[0]][2]
+            k = grow(old_k, len(layers), key_heads, key_dim, device, False)
+            v = grow(old_v, len(layers), value_heads, value_dim, device, True)
+            self.key_buffers.append(k)
+            self.value_buffers.append(v)
+            for i, layer in enumerate(layers):
+                keys[layer], values[layer] = k[i], v[i]
+        self.keys, self.values = keys, values
         positions = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
         positions[: min(rows, self.positions.shape[0]), :keep] = self.positions[:rows, :keep]
         self.positions = positions
@@ -307,16 +328,15 @@ class StaticKV:
         n = self.length
         if rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=self.device)).all()):
             return
-        sources = [k[:, :, :n].index_select(0, rows.to(k.device)) for k in self.keys]
-        value_sources = [v[:, :, :n].index_select(0, rows.to(v.device)) for v in self.values]
+        buffers = (*self.key_buffers, *self.value_buffers)
+        sources = [b[:, :, :, :n].index_select(1, rows.to(b.device)) for b in buffers]
         position_sources = self.positions[:, :n].index_select(0, rows)
         if rows.numel() != self.rows:
-            self.keys = self.values = []
+            self.key_buffers = self.value_buffers = []
             self.rows = 0
             self.reserve(max(self.capacity, 1), rows=rows.numel())
-        for buffers, new in ((self.keys, sources), (self.values, value_sources)):
-            for buf, src in zip(buffers, new, strict=True):
-                buf[:, :, :n] = src
+        for buf, src in zip((*self.key_buffers, *self.value_buffers), sources, strict=True):
+            buf[:, :, :, :n] = src
         self.positions[:, :n] = position_sources
 
     @torch.inference_mode()
@@ -330,15 +350,15 @@ class StaticKV:
         start = length - moved
         if moved:
             tail = index[..., start:]
+            for buf in (*self.key_buffers, *self.value_buffers):  # [layers, rows, heads, capacity, d]
+                at = tail.to(buf.device)
+                if at.dim() == 1:
+                    buf[:, :, :, start:length] = buf.index_select(3, at)
+                else:  # per row: gather [layers, rows, heads, moved, d]
+                    at = at[None, :, None, :, None].expand(buf.shape[0], -1, buf.shape[2], -1, buf.shape[4])
+                    buf[:, :, :, start:length] = buf.gather(3, at)
             if tail.dim() == 1:
-                for buffers in (self.keys, self.values):
-                    for buf in buffers:
-                        buf[:, :, start:length] = buf.index_select(2, tail.to(buf.device))
                 self.positions[:, start:length] = self.positions.index_select(1, tail)
-            else:  # per row: gather [rows, heads, moved, d]
-                for buffers in (self.keys, self.values):
-                    for buf in buffers:
-                        at = tail.to(buf.device)[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3])
-                        buf[:, :, start:length] = buf.gather(2, at)
+            else:
                 self.positions[:, start:length] = self.positions.gather(1, tail)
         self.length = length
