@@ -123,12 +123,18 @@ class DraftTree(ModelDrafter):
         if tree is None or tree.size == 0:
             return self.setup.empty()
         logits = self.runner.feed([context])[0, -1:]  # [1, V]: the root
+        greedy = self.setup.sampling.greedy
+        vocab = logits.shape[-1]
         rows, tokens, live = [], [], []
         parents, parent_live = [-1], torch.ones(1, dtype=torch.bool, device=logits.device)
         for d in range(1, tree.max_depth + 1):
             counts = torch.tensor([len(tree.children(g)) for g in parents], device=logits.device)
-            children, alive, stored = sample_children(self.setup, logits, int(counts.max()), self.replacement)
-            rows.append(stored)
+            if greedy:  # the top-k rows are made only if a rule reads them (the greedy walk does not)
+                children, alive, top, weights = _top(logits, int(counts.max()))
+                rows.append((top, weights))
+            else:
+                children, alive, stored = sample_children(self.setup, logits, int(counts.max()), self.replacement)
+                rows.append(stored)
             alive = alive & parent_live[:, None]
             kept = torch.arange(children.shape[1], device=logits.device) < counts[:, None]  # [n, k]
             flat, parent_live = children[kept], alive[kept]  # parent by parent, in draw order
@@ -143,7 +149,8 @@ class DraftTree(ModelDrafter):
         self._proposed(context, list(range(tree.size)))
         live_all = torch.cat(live)
         device = self.setup.device
-        return Proposal(tree, torch.cat(tokens).to(device), torch.cat(rows).to(device),
+        draft_rows = partial(_top_rows, rows, vocab, device) if greedy else torch.cat(rows).to(device)
+        return Proposal(tree, torch.cat(tokens).to(device), draft_rows,
                         None if bool(live_all.all()) else live_all.to(device))
 
 
@@ -173,10 +180,25 @@ def draw_children(probs: torch.Tensor, k: int, replacement: bool, generator: tor
 def top_children(logits: torch.Tensor, k: int):
     """Temperature 0: the k best tokens per row, best first, and the softmax of their logits as the draft
     row (MCSD §3.6). Returns (tokens [n, k], live [n, k], rows [n, V])."""
+    tokens, live, top, weights = _top(logits, k)
+    return tokens, live, _top_rows([(top, weights)], logits.shape[-1], logits.device)
+
+
+def _top(logits: torch.Tensor, k: int):
+    """(tokens [n, k], live [n, k], the top indices [n, m] and their softmax [n, m]), m = min(k, V)."""
     top = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
-    rows = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-    rows.scatter_(-1, top.indices, torch.softmax(top.values.float(), -1))
-    return (*_pad(top.indices, torch.ones_like(top.indices, dtype=torch.bool), k), rows)
+    return (*_pad(top.indices, torch.ones_like(top.indices, dtype=torch.bool), k), top.indices,
+            torch.softmax(top.values.float(), -1))
+
+
+def _top_rows(levels: list[tuple[torch.Tensor, torch.Tensor]], vocab: int, device) -> torch.Tensor:
+    """Draft rows [R, V] of top-k children: per level, its rows' top indices [n, m] weighted by [n, m]."""
+    rows = torch.zeros(sum(top.shape[0] for top, _ in levels), vocab, dtype=torch.float32, device=device)
+    start = 0
+    for top, weights in levels:
+        rows[start : start + top.shape[0]].scatter_(-1, top.to(device), weights.to(device))
+        start += top.shape[0]
+    return rows
 
 
 def _pad(tokens: torch.Tensor, live: torch.Tensor, k: int):
