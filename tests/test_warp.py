@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from multispec.warp import Sampling, argmax
+from multispec.warp import Sampling, argmax, largest
 
 
 def test_greedy_is_one_hot_at_argmax():
@@ -150,3 +150,26 @@ def test_argmax_is_torchs_argmax_on_ties_nans_infinities_and_views():
             got = argmax(t)
         assert got.dtype == torch.long and torch.equal(got, t.argmax(-1)), t.dtype
     assert argmax(rows[:, :33]).tolist()[:4] == [3, 11, 0, 5]
+
+
+def test_largest_is_torchs_topk_and_puts_tied_lower_indices_first():
+    g = torch.Generator().manual_seed(6)
+    rows = torch.randn(5, 50, generator=g, dtype=torch.float64)
+    for t in (rows, rows.float(), rows[:, :37], rows[1], rows.float().reshape(5, 2, 25)):
+        for k in (1, 2, 3, 8):
+            values, indices = largest(t, k)
+            want = torch.topk(t, k)
+            assert torch.equal(values, want.values) and torch.equal(indices, want.indices), (t.shape, k)
+    ties = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0], [float("nan"), 0.0, 3.0, 3.0, float("nan"), 1.0]])
+    values, indices = largest(ties, 3)
+    assert indices.tolist() == [[1, 3, 4], [0, 4, 2]]
+    assert values[0].tolist() == [2.0, 2.0, 2.0] and values[1].isnan().tolist() == [True, True, False]
+    # -inf ties too: the lower index first; a row with fewer than k entries that repeated passes tell apart (an
+    # index would come back twice) goes to torch's topk
+    short = torch.tensor([[float("-inf"), 1.0, float("-inf"), 0.5], [1.0, 2.0, 3.0, 4.0]])
+    assert largest(short, 3)[1].tolist() == [[1, 3, 0], [3, 2, 1]]
+    shorter = torch.tensor([[float("-inf"), 1.0, float("-inf"), float("-inf")]])
+    got, want = largest(shorter, 3), torch.topk(shorter, 3)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+    assert len(set(got[1][0].tolist())) == 3
+    assert largest(rows.half(), 2)[1].tolist() == torch.topk(rows.half(), 2).indices.tolist()

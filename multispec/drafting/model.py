@@ -15,7 +15,7 @@ import torch
 from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
-from ..warp import argmax, categorical, one_hot, sequential_draws
+from ..warp import argmax, categorical, largest, one_hot, sequential_draws
 from .base import Drafter, Proposal, Setup
 
 
@@ -186,9 +186,8 @@ def top_children(logits: torch.Tensor, k: int):
 
 def _top(logits: torch.Tensor, k: int):
     """(tokens [n, k], live [n, k], the top indices [n, m] and their softmax [n, m]), m = min(k, V)."""
-    top = torch.topk(logits, min(k, logits.shape[-1]), dim=-1)
-    return (*_pad(top.indices, torch.ones_like(top.indices, dtype=torch.bool), k), top.indices,
-            torch.softmax(top.values.float(), -1))
+    values, indices = largest(logits, min(k, logits.shape[-1]))
+    return (*_pad(indices, torch.ones_like(indices, dtype=torch.bool), k), indices, torch.softmax(values.float(), -1))
 
 
 def _top_rows(levels: list[tuple[torch.Tensor, torch.Tensor]], vocab: int, device) -> torch.Tensor:
