@@ -8,7 +8,7 @@ from multispec import generate
 from multispec.check import check_method
 from multispec.decoding import get_method
 from multispec.decoding.tree import decode_mcsd
-from multispec.drafting import DraftTree, setup_of
+from multispec.drafting import DraftChain, DraftTree, setup_of, top_children
 from multispec.engine import Entries, ModelRunner, Session
 from multispec.models.markov import random_markov_pair
 from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
@@ -181,6 +181,26 @@ def test_a_model_drafter_keeps_the_accepted_nodes_it_fed_and_drops_the_rest():
     assert s.draft.committed == 1 + 2 and s.draft.tentative == 0  # prompt + both accepted nodes
     fresh = s.draft_model.forward(s.draft_model.new_cache(), torch.tensor([s.tokens]))[0, -1]
     assert torch.allclose(s.draft.feed([s.tokens])[0, -1], fresh, atol=1e-6)
+
+
+def test_greedy_model_drafters_make_their_draft_rows_when_first_read():
+    # at temperature 0 the draft rows are left unmade (the greedy rules decide from the target's argmax); read,
+    # they are what a rule needs: a tree's top-k rows after each parent's path, a chain's one-hot rows
+    t, d = random_markov_pair(6, 30, seed=0)
+    s = Session(t, d, [0], Sampling(0.0), 10, torch.Generator().manual_seed(0))
+    proposal = DraftTree(s.draft_runner(), setup_of(s)).propose(s.tokens, (2, 2, 1))
+    assert not isinstance(proposal.draft_rows, torch.Tensor)
+    tree, rows = proposal.tree, proposal.draft_probs
+    parents = [-1] + [g for g in range(tree.size) if tree.children(g)]
+    assert rows.shape == (len(parents), d.vocab_size)
+    for row, g in zip(rows, parents, strict=True):
+        path = [] if g < 0 else proposal.tokens[tree.path(g)].tolist()
+        logits = d.forward(d.new_cache(), torch.tensor([s.tokens + path]))[0, -1:]
+        assert torch.allclose(row, top_children(logits, len(tree.children(g)))[2][0], atol=1e-6)
+    s = Session(t, d, [0], Sampling(0.0), 10, torch.Generator().manual_seed(0))
+    chain = DraftChain(s.draft_runner(), setup_of(s)).propose(s.tokens, (1, 1, 1))
+    assert not isinstance(chain.draft_rows, torch.Tensor)
+    assert torch.equal(chain.draft_probs, torch.nn.functional.one_hot(chain.tokens, d.vocab_size).float())
 
 
 @pytest.mark.parametrize("method, params, sampling", [
