@@ -25,7 +25,7 @@ class Proposal:
     tree: TokenTree
     tokens: torch.Tensor  # [N] token ids, node order
     # [R, V]: row 0 the root, row 1 + g node g, for every node with children; or a function that makes them,
-    # called when `draft_probs` is first read (a greedy chain's one-hot rows: its greedy rule never reads them)
+    # called when `draft_probs` is first read (greedy drafts' rows: the greedy rules never read them)
     draft_rows: torch.Tensor | Callable[[], torch.Tensor]
     live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
     fixed: torch.Tensor | None = None  # [N] bool: nodes proposed deterministically (one-hot draft); None: none
