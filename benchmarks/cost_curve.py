@@ -2,11 +2,14 @@
 the memory bound (the weights' bytes over the measured read bandwidth).
 
 Engines: `dynamic` (transformers' DynamicCache and its own attention, eager: the engine before the static
-cache), `static` (our static cache, eager) and `compiled` (static cache, torch inductor; on a CPU frozen
-weights, each shape in the kernel variant whose step ran fastest here: `multispec.models.hf.KERNELS`). Each
-(engine, dtype) loads its own copy of the models; times are medians of interleaved rounds. One JSON line per (model, engine, dtype, c, k) goes to --out.
+cache), `static` (our static cache, eager), `compiled` (static cache, torch inductor; on a CPU frozen
+weights, each shape in the kernel variant whose step ran fastest here: `multispec.models.hf.KERNELS`) and, on
+a CUDA device, `graphs` (static cache, eager step captured as a CUDA graph and replayed) and `compiled-graphs`.
+Each (engine, dtype) loads its own copy of the models; times are medians of interleaved rounds. One JSON line
+per (model, engine, dtype, c, k) goes to --out.
 
     python benchmarks/cost_curve.py --out benchmarks/results/<run>/cost_curve.jsonl
+    python benchmarks/cost_curve.py --device cuda --engines static,graphs --out curve.jsonl
 """
 
 from __future__ import annotations
@@ -19,13 +22,20 @@ import time
 import torch
 
 
-def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Bytes per second of a sum over `gib` GiB of float32 (every thread torch uses)."""
-    x = torch.ones(int(gib * 2**30) // 4)
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5, device="cpu") -> float:
+    """Bytes per second of a sum over `gib` GiB of float32 (on a CPU, every thread torch uses)."""
+    x = torch.ones(int(gib * 2**30) // 4, device=device)
     x.sum()
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         x.sum()
+    sync(device)
     return x.numel() * 4 * repeats / (time.perf_counter() - t0)
 
 
@@ -44,14 +54,16 @@ def curve(model, ks, contexts, rounds=5):
         cache = model.new_cache()
         model.forward(cache, torch.randint(model.vocab_size, (1, c), generator=gen))
         times = {k: [] for k in ks}
-        for k in ks:  # first call of a shape: a compile, not timed
+        for k in ks:  # first call of a shape: a compile or a capture, not timed
             model.forward(cache, torch.randint(model.vocab_size, (1, k), generator=gen))
             model.crop(cache, c)
         for _ in range(rounds):
             for k in ks:
                 tokens = torch.randint(model.vocab_size, (1, k), generator=gen)
+                sync(model.device)
                 t0 = time.perf_counter()
                 model.forward(cache, tokens)
+                sync(model.device)
                 times[k].append(time.perf_counter() - t0)
                 model.crop(cache, c)
         rows[c] = {k: statistics.median(v) for k, v in times.items()}
@@ -69,25 +81,37 @@ def main() -> None:
     p.add_argument("--models", default="target,draft")
     p.add_argument("--ks", default="1,2,4,8,16,32,64")
     p.add_argument("--contexts", default="128,1024")
+    p.add_argument("--device", default=None)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--random-target", metavar="CONFIG", default=None,
+                   help="time a randomly initialised model of this config.json in place of the target (the same "
+                        "shapes, so the same time per step, where the weights file is not at hand)")
     args = p.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
-    bandwidth = read_bandwidth()
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s", flush=True)
+    bandwidth = read_bandwidth(device=args.device or "cpu")
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({args.device or 'cpu'})", flush=True)
     with open(args.out, "a") as out:
         for which in args.models.split(","):
             name = {"target": TARGET_NAME, "draft": DRAFT_NAME}[which]
             for dtype in args.dtypes.split(","):
                 for engine in args.engines.split(","):
-                    model = load_model(name, dtype=dtype, compile=engine == "compiled")
+                    compiled = engine in ("compiled", "compiled-graphs")
+                    if which == "target" and args.random_target:
+                        model = random_model(args.random_target, dtype, args.device, compiled)
+                    else:
+                        model = load_model(name, dtype=dtype, compile=compiled, device=args.device)
                     if engine == "dynamic":
                         model.static = False
+                    model.graphs = model.graphs and engine in ("graphs", "compiled-graphs")
                     bound = weight_bytes(model) / bandwidth
                     t0 = time.perf_counter()
                     rows = curve(model, ks, contexts)
                     for c, row in rows.items():
                         for k, sec in row.items():
                             line = {"model": which, "engine": engine, "dtype": dtype, "context": c, "k": k,
+                                    "device": str(model.device), "random_weights": bool(
+                                        which == "target" and args.random_target),
                                     "seconds": sec, "bound_seconds": bound, "bandwidth": bandwidth,
                                     "compile_seconds": model.compile_seconds}
                             out.write(json.dumps(line) + "\n")
@@ -100,6 +124,19 @@ def main() -> None:
                     print(f"  ({time.perf_counter() - t0:.0f} s, compiling {model.compile_seconds:.0f} s)",
                           flush=True)
                     del model
+
+
+def random_model(config_path: str, dtype: str, device: str | None, compile: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from multispec.models.hf import HFModel
+
+    config = AutoConfig.from_pretrained(config_path)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    if device is not None:
+        model = model.to(device)
+    return HFModel(model, None, name=f"random {config.model_type}", compile=compile)
 
 
 if __name__ == "__main__":

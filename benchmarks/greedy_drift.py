@@ -4,6 +4,7 @@ n/2 each.
 
     python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd specinfer > drift-bf16.json
     python benchmarks/greedy_drift.py bfloat16 30 48 sd:gamma=4 mcsd --compile > drift-compiled.json
+    python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd --device=cuda > drift-cuda.json
 """
 
 import json
@@ -13,8 +14,8 @@ from multispec import generate, load_pair
 from multispec.bench.prompts import load_prompts
 
 
-def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool = False) -> dict:
-    pair = load_pair(dtype=dtype, compile=compile)
+def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool = False, device: str | None = None) -> dict:
+    pair = load_pair(dtype=dtype, compile=compile, device=device)
     prompts = load_prompts(["mt-bench", "spec-bench-dev"], None, n // 2, True)
     rows = []
     for p in prompts:
@@ -26,10 +27,12 @@ def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool = Fa
             a, s = ar.token_ids, out.token_ids
             first = next((i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y), None)
             rows.append({"prompt": p.id, "method": method, "same": a == s, "first_difference": first})
-    return {"dtype": dtype, "compile": compile, "prompts": len(prompts), "tokens": tokens,
+    return {"dtype": dtype, "compile": compile, "device": str(pair.target.device), "prompts": len(prompts), "tokens": tokens,
             "same": {m: sum(r["same"] for r in rows if r["method"] == m) for m in methods}, "rows": rows}
 
 
 if __name__ == "__main__":
-    methods = [a for a in sys.argv[4:] if a != "--compile"] or ["sd:gamma=4"]
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), methods, "--compile" in sys.argv[4:])))
+    flags = [a for a in sys.argv[4:] if a.startswith("--")]
+    methods = [a for a in sys.argv[4:] if not a.startswith("--")] or ["sd:gamma=4"]
+    device = next((a.split("=", 1)[1] for a in flags if a.startswith("--device=")), None)
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), methods, "--compile" in flags, device)))

@@ -15,6 +15,7 @@ interface keeps transformers' `DynamicCache`, with one line saying so.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 import warnings
@@ -28,6 +29,8 @@ from .base import LanguageModel
 from .cost import bucket
 
 COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
+GRAPHS_KEPT = 64  # captured CUDA graphs a model keeps (least recently used dropped first)
+GRAPH_WARMUP = 2  # eager runs of a step before it is captured (lazy initialisation stays out of the graph)
 
 # How a CPU step's matrix products are compiled (inductor options, frozen weights in both). Each shape's graph
 # is timed whole, in place, in every variant, because inductor's own autotuning times each product alone, with
@@ -133,6 +136,14 @@ class HFModel(LanguageModel):
         if not self.static:
             note(f"multispec: {self.name} keeps transformers' dynamic cache, uncompiled ({why})")
         self.compile = bool(compile) and self.static
+        # CUDA graphs: on one CUDA device, a step of up to COMPILED_TOKENS new tokens is captured once per shape
+        # and cache buffers, then replayed (its kernels launch without Python in between)
+        devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+        self.graphs = (self.static and self.device.type == "cuda" and len(devices) <= 1
+                       and os.environ.get("MULTISPEC_CUDA_GRAPHS", "1") != "0")
+        self.graph_captures = 0  # graphs captured (a new shape, or new cache buffers)
+        self._graphs: dict[tuple, Any] = {}
+        self._graph_pool = None
         self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
         self._compiled: dict[str, Any] = {}  # a compiled step per kernel variant
@@ -224,7 +235,7 @@ class HFModel(LanguageModel):
     @property
     def padded_tokens(self) -> int:
         """A compiled step pads up to this many new tokens to a power of two (what its cost curve steps by)."""
-        return COMPILED_TOKENS if self.compile else 0
+        return COMPILED_TOKENS if self.compile or self.graphs else 0
 
     # -- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -240,15 +251,23 @@ class HFModel(LanguageModel):
             cache.reserve(cache.capacity, rows=b)
         # a prompt (the first feed) runs eagerly: its length differs from call to call
         compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
-        # new entries written: n real, then padding (a bucket for a compiled step; eagerly in a reduced
-        # precision, enough rows that every product takes the kernel it takes for many: batch invariance)
-        width = bucket(n) if compiled else max(n, -(-self.min_rows // b))
-        if compiled and b == 1:
-            width = self.bucket_route.get(width, width)
+        graphed = self.graphs and past > 0 and n <= COMPILED_TOKENS
+        # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
+        # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
+        width = max(n, -(-self.min_rows // b))
+        if compiled:
+            width = bucket(n)
+            if b == 1:
+                width = self.bucket_route.get(width, width)
+        elif graphed:
+            width = bucket(width)
         # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
         # buffer always a block longer keeps one graph per bucket as the cache grows
         cache.reserve(static.whole_blocks(past + width) + 1 if compiled else past + width)
         total = past + width
+        # a captured step reads every slot of the buffers, so that its shapes stay the same as the cache fills:
+        # its mask spans the capacity, and the slots past the new entries are masked (they weigh exactly 0)
+        span = cache.capacity if graphed else total
         new = (positions.to(device) if positions is not None
                else torch.arange(past, past + n, device=device).expand(b, n))
         # ids and positions are copied only when padded, or for a compiled graph (guarded on its inputs' strides)
@@ -265,9 +284,9 @@ class HFModel(LanguageModel):
         if mask is None and not self.sliding_window:
             # a causal chain, the common step, in two operators: padding rows see causally too (their outputs
             # are dropped, and no real row sees them)
-            full = torch.full((width, total), minimum, device=device).triu_(past + 1)[None, None].expand(b, 1, -1, -1)
+            full = torch.full((width, span), minimum, device=device).triu_(past + 1)[None, None].expand(b, 1, -1, -1)
         else:
-            allowed = torch.zeros(b, width, total, dtype=torch.bool, device=device)
+            allowed = torch.zeros(b, width, span, dtype=torch.bool, device=device)
             if mask is None:
                 allowed[:, :n, :past] = True
                 allowed[:, :n, past : past + n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
@@ -277,7 +296,7 @@ class HFModel(LanguageModel):
             allowed[:, pad, past + pad] = True  # padding sees only itself
             full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
         if self.sliding_window:
-            keys = cache.positions[:, :total]
+            keys = cache.positions[:, :span]
             inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
             windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
         if as_given:
@@ -287,6 +306,21 @@ class HFModel(LanguageModel):
             ids[:, :n] = tokens.to(device)
         slots = torch.arange(past, total, device=device)
         masks = self._masks(full, windowed)
+        if graphed:
+            try:
+                logits = self._run_graphed(ids, pos, masks, slots, cache)
+            except Exception as e:  # noqa: BLE001 - a step that cannot be captured still decodes, uncaptured
+                self.graphs = False
+                self._graphs.clear()
+                note(f"multispec: {self.name} runs without CUDA graphs: its capture failed ({type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:200]})")
+                return self.forward(cache, tokens, positions, mask, logits_to_keep)
+            cache.length = past + n
+            logits = logits[:, :n]
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+            # the graph's output is overwritten by its next replay: the caller gets its own copy
+            return logits[..., : self.vocab_size].to(torch.float32, copy=True)
         if compiled:
             if self.device.type == "cpu" and self.kernel not in ("auto", *KERNELS):
                 raise ValueError(f"kernel {self.kernel!r}: 'auto' or one of {', '.join(KERNELS)}")
@@ -311,6 +345,59 @@ class HFModel(LanguageModel):
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return logits[..., : self.vocab_size].float()
+
+    def _run_graphed(self, ids, positions, masks, slots, cache):
+        """The step (compiled when `compile`, else eager) as a CUDA graph, captured on first use for these
+        shapes and these cache buffers (a graph reads and writes the buffers it was captured with: a new cache
+        at the same addresses, as the caching allocator often gives, reuses it), then replayed. Returns the
+        graph's own logits [rows, width, vocab]."""
+        named = sorted(masks.items()) if isinstance(masks, dict) else [(None, masks)]
+        buffers = (*cache.key_buffers, *cache.value_buffers)
+        key = (tuple(ids.shape), tuple((k, tuple(m.shape)) for k, m in named),
+               tuple(b.data_ptr() for b in buffers), tuple(tuple(b.shape) for b in buffers))
+        graph = self._graphs.pop(key, None)
+        if graph is None:
+            graph = self._capture(ids, positions, named, slots, cache)
+        self._graphs[key] = graph  # most recently used last
+        while len(self._graphs) > GRAPHS_KEPT:
+            self._graphs.pop(next(iter(self._graphs)))
+        inputs, output, _ = graph
+        for held, given in zip(inputs, (ids, positions, *(m for _, m in named), slots), strict=True):
+            held.copy_(given)
+        graph[2].replay()
+        return output
+
+    def _capture(self, ids, positions, named, slots, cache):
+        t0 = time.perf_counter()
+        compiled_before = self.compile_seconds
+        inputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+                  for t in (ids, positions, *(m for _, m in named), slots)]
+
+        def step():
+            ids, positions, *masks, slots = inputs
+            masks = masks[0] if named[0][0] is None else {k: m for (k, _), m in zip(named, masks, strict=True)}
+            if self.compile:
+                return self._run_compiled(ids, positions, masks, slots, cache)
+            return self._step(ids, positions, masks, slots, cache.keys, cache.values)
+
+        # the warm-up runs write the same entries at the same slots as the replay will
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP):
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._graph_pool is None:
+            # one memory pool for all of a model's graphs: they never run at once, and each replay's output is
+            # copied out before the next
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            output = step()
+        self.graph_captures += 1
+        # one-time cost, like a compile (a compile during the warm-up is counted once)
+        self.compile_seconds = compiled_before + time.perf_counter() - t0
+        return inputs, output, graph
 
     def _masks(self, full, windowed):
         if windowed is None:
