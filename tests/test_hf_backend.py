@@ -502,3 +502,20 @@ def test_compiles_during_a_call_count_as_one_time_not_as_decoding(tmp_path, monk
     assert st["decode_seconds"] <= st["seconds"]
     for model in (target, draft):
         _COSTS.pop(cost_key(model), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_whose_logits_differ_through_our_attention_keeps_the_dynamic_cache(dtype, monkeypatch, capsys):
+    # attention that attends to nothing stands for a family our attention function gets wrong: the probe must
+    # see it in either precision (in bfloat16 it is allowed only transformers' own spread between attentions)
+    from multispec.models import static
+    from multispec.models.hf import HFModel
+
+    model = tiny_llama(seed=1).model.to(dtype)
+    assert HFModel(model, None).static
+    real = static.attend
+    monkeypatch.setattr(static, "attend", lambda *args: 0 * real(*args))
+    wrong = HFModel(model, None, name="wrong")
+    assert not wrong.static
+    assert "wrong keeps transformers' dynamic cache" in capsys.readouterr().err
+    assert generate(wrong, None, PROMPT, method="ar", temperature=0, max_new_tokens=4).token_ids  # still decodes

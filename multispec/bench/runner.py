@@ -414,7 +414,15 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
         if max_cache_len is not None:
             kwargs["max_cache_len"] = max_cache_len
         if getattr(target, "_hf_compiled_forward", None) is None:
-            target._hf_compiled_forward = torch.compile(target.model.forward, mode="reduce-overhead", fullgraph=True)
+            compiled = torch.compile(target.model.forward, mode="reduce-overhead", fullgraph=True)
+
+            def forward(*args, **kwargs):
+                # on a GPU each call replays a CUDA graph whose outputs the next replay overwrites; generate
+                # keeps the last call's tensors, so each call starts a new step (torch's advice)
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(*args, **kwargs)
+
+            target._hf_compiled_forward = forward
         target.model.forward = target._hf_compiled_forward
     calls = {"target": 0, "draft": 0}
     hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))

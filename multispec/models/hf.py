@@ -207,9 +207,27 @@ class HFModel(LanguageModel):
         if not seen or indices != list(range(len(seen))) or (layers is not None and len(seen) != layers):
             return None, "its attention layers do not all call transformers' attention interface"
         scale = float(stock.abs().max()) + 1e-6
-        if float((ours - stock).abs().max()) / scale > (1e-3 if self.dtype == torch.float32 else 5e-2):
-            return None, "its logits through our attention differ from transformers'"
+        apart = float((ours - stock).abs().max())
+        if apart / scale > (1e-3 if self.dtype == torch.float32 else 5e-2):
+            # in a reduced precision, transformers' own two attention implementations can differ by more than
+            # that (bfloat16 flash attention on a GPU rounds the softmax weights; seen on the default target):
+            # ours must then be as close to the stock logits as transformers' eager attention is
+            noise = self._stock_spread(tokens, stock) if self.dtype != torch.float32 else 0.0
+            if apart > 2 * noise:
+                return None, "its logits through our attention differ from transformers'"
         return [(k, v, dev) for _, k, v, dev in sorted(seen, key=lambda e: e[0])], ""
+
+    def _stock_spread(self, tokens, stock) -> float:
+        """The largest logit difference between transformers' eager attention and its default one (0 where
+        eager is not available)."""
+        try:
+            self.model.set_attn_implementation("eager")
+            eager = self.model(input_ids=tokens, use_cache=False).logits.float()
+        except Exception:  # noqa: BLE001 - no eager attention: no spread to allow
+            return 0.0
+        finally:
+            self.model.set_attn_implementation(static.NAME)
+        return float((eager - stock).abs().max())
 
     # -- cache ---------------------------------------------------------------------------------
     def new_cache(self) -> Any:
