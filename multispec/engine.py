@@ -159,6 +159,10 @@ class ModelRunner:
         logits = self.model.forward(self.cache, tokens, positions.to(device),
                                     None if mask is None else mask.to(device),
                                     logits_to_keep=s + (1 if n_pending else 0))
+        if getattr(device, "type", None) == "cuda":
+            # a GPU forward returns before its kernels finish: without this, the wait would be counted in
+            # whatever reads the logits first (the rule's time), not in the forward's
+            torch.cuda.synchronize(device)
         self._timed(t0)
         if self.committed == 0:
             self.prefill += (self.seconds - before[0]) - (self.one_time - before[1])
