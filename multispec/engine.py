@@ -43,6 +43,10 @@ class Entries:
     tokens: torch.Tensor
     depth: torch.Tensor | None = None
     sees: torch.Tensor | None = None
+    # the nodes [start, stop) of a tree, when the entries are those (one row): the runner then keeps what the
+    # tentative entries see as a prefix of the tree instead of building it feed by feed
+    of_tree: TokenTree | None = None
+    start: int = 0
 
     @property
     def is_chain(self) -> bool:
@@ -62,7 +66,7 @@ class Entries:
         t = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
         if tree.is_chain:
             return cls(t)
-        return cls(t, tree.depth[nodes][None], tree.visible[nodes, : nodes.stop][None])
+        return cls(t, *tree.layout(nodes), of_tree=tree, start=nodes.start or 0)
 
     @classmethod
     def lists(cls, rows: list[list[tuple[int, int, tuple[int, ...]]]], tentative: int) -> Entries:
@@ -104,6 +108,9 @@ class ModelRunner:
         # one chain in every row
         self._depth: torch.Tensor | None = None
         self._sees: torch.Tensor | None = None
+        # or, while the tentative entries are the first nodes of one tree (fed in node order), that tree: their
+        # depths and visibility are its own
+        self._tree: TokenTree | None = None
 
     def _timed(self, t0: float) -> None:
         self.seconds += time.perf_counter() - t0
@@ -135,7 +142,7 @@ class ModelRunner:
             if entries.sees is not None and entries.sees.shape[-1] != self.tentative + s:
                 raise RuntimeError(f"entries that see {entries.sees.shape[-1] - s} tentative entries fed with "
                                    f"{self.tentative} cached")
-            if entries.is_chain and self._sees is not None:
+            if entries.is_chain and (self._sees is not None or self._tree is not None):
                 raise RuntimeError("a chain can only continue a chain of tentative entries")
         n = n_pending + s
         if n == 0:
@@ -180,6 +187,11 @@ class ModelRunner:
             return
         b, s = entries.tokens.shape
         t = self.tentative
+        if entries.of_tree is not None and entries.start == t and self._sees is None and (
+                self._tree is entries.of_tree or t == 0):
+            self._tree = entries.of_tree  # the tree's nodes [0, t + s): nothing to build
+            return
+        self._spell_out()
         old_depth, old_sees = self._depth, self._sees
         if old_sees is None:  # a chain so far
             old_depth = torch.arange(1, t + 1).expand(b, -1)
@@ -190,10 +202,19 @@ class ModelRunner:
         self._depth = torch.cat([old_depth, entries.depth], 1)
         self._sees = sees
 
+    def _spell_out(self) -> None:
+        """Depths and visibility of the tentative entries as tensors, where a tree prefix stood for them."""
+        if self._tree is not None:
+            self._depth, self._sees = self._tree.layout(slice(0, self.tentative))
+            self._tree = None
+
     def _is_path(self, row: int, kept: list[int]) -> bool:
         """Whether the tentative entries `kept` of cache row `row` are a path from the committed tokens down."""
         if any(not 0 <= k < self.tentative for k in kept):
             return False
+        if self._tree is not None:  # each node's parent is the one before it, the first a child of the root
+            parents = self._tree.parent_list
+            return all(parents[k] == (kept[i - 1] if i else -1) for i, k in enumerate(kept))
         if self._sees is None:
             return kept == list(range(len(kept)))
         if not kept:
@@ -235,6 +256,7 @@ class ModelRunner:
         self.tentative = 0
         self.rows = len(sources)
         self._depth = self._sees = None
+        self._tree = None
 
 
 def _bump(counts: list[int], i: int) -> None:

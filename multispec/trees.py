@@ -54,6 +54,23 @@ class TokenTree:
                 found[d] = slice(nodes[0], nodes[-1] + 1)
         return found
 
+    @functools.cached_property
+    def parent_list(self) -> tuple[int, ...]:
+        return tuple(self.parents.tolist())
+
+    @functools.cached_property
+    def _layouts(self) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+        return {}
+
+    def layout(self, nodes: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """The depths [1, S] of the nodes `nodes` (a slice from a node to another) and what each sees among
+        the nodes before its slice's end [1, S, stop]: a feed's entries, made once per slice (a drafter feeds
+        the same levels every iteration)."""
+        key = (nodes.start or 0, nodes.stop)
+        if key not in self._layouts:
+            self._layouts[key] = (self.depth[nodes][None], self.visible[nodes, : nodes.stop][None])
+        return self._layouts[key]
+
     @classmethod
     def from_parents(cls, parents: list[int]) -> TokenTree:
         parents = [int(p) for p in parents]

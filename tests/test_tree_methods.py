@@ -75,6 +75,35 @@ def test_runner_refuses_to_keep_an_entry_never_fed():
     runner.commit(len(PROMPT) + 2, [[1]])  # one sibling is a path
 
 
+def test_a_tree_fed_level_by_level_then_other_entries_scores_as_when_built_feed_by_feed():
+    # the runner keeps a tree's fed levels as a prefix of the tree; entries of another kind after them must
+    # see what they would see had each feed's visibility been built up (the general path)
+    model = tiny_llama(seed=4)
+    tree = TokenTree.from_branching([2, 2])
+    tokens = torch.tensor([9, 4, 33, 21, 7, 2])
+
+    def run(as_tree: bool):
+        runner = ModelRunner(model)
+        runner.feed([PROMPT])
+        for level in (slice(0, 2), slice(2, 6)):
+            e = Entries.tree(tree, tokens[level], level)
+            runner.feed([PROMPT], e if as_tree else Entries(e.tokens, e.depth, e.sees))
+        # a child of node 2 (depth 3): it sees its ancestors, nodes 0 and 2
+        last = runner.feed([PROMPT], Entries.lists([[(11, 3, (0, 2))]], runner.tentative))
+        runner.commit(len(PROMPT) + 4, [[0, 2, 6]])
+        after = runner.feed([PROMPT + [9, 33, 11, 5]])
+        return last, after
+
+    (last, after), (want_last, want_after) = run(True), run(False)
+    assert torch.allclose(last, want_last, atol=1e-6) and torch.allclose(after, want_after, atol=1e-6)
+    runner = ModelRunner(model)
+    runner.feed([PROMPT], Entries.tree(tree, tokens[:2], slice(0, 2)))
+    runner.feed([PROMPT], Entries.tree(tree, tokens[2:], slice(2, 6)))
+    with pytest.raises(RuntimeError, match="path"):
+        runner.commit(len(PROMPT) + 3, [[0, 4]])  # node 4 is a child of node 1, not of node 0
+    runner.commit(len(PROMPT) + 3, [[1, 4]])  # node 1 and its first child
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tree_methods_on_every_family(family):
     # the target as its own draft accepts every depth; greedy output equals greedy ar token for token
