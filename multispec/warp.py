@@ -133,12 +133,44 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, s
     return index.reshape(probs.shape[:-1]) if samples is None else index.reshape(*probs.shape[:-1], samples)
 
 
+# Draws without replacement from at most this many CPU float rows search their cumulative sums in numpy
+# (`_sequential_numpy`): the same algorithm and uniforms, about 15 torch calls fewer per draw, 1.7x faster for
+# two draws from a 49k row here. The sums stay torch's (its float64 cumsum ran ~2.5x faster than numpy's), and
+# single draws (`categorical`) stay in torch: in numpy they ran ~20 % slower.
+NUMPY_ROWS = 8
+
+
+def _few_numpy_rows(rows: torch.Tensor) -> bool:
+    return (rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64) and not rows.requires_grad
+            and 0 < rows.shape[0] <= NUMPY_ROWS and rows.shape[-1] > 0)
+
+
+def _draw_numpy(rows: np.ndarray, cdf: np.ndarray, generator: torch.Generator | None, samples: int) -> np.ndarray:
+    """`categorical` on weights [n, V] with their float64 cumulative sums [n, V]: [n, samples] indices."""
+    n, vocab = rows.shape
+    total = cdf[:, -1]
+    if not (np.isfinite(total).all() and (total > 0).all()):
+        raise ValueError("cannot draw from weights that are not finite or sum to zero")
+    point = torch.rand(n, samples, generator=generator, dtype=torch.float64).numpy() * total[:, None]
+    index = np.empty((n, samples), dtype=np.int64)
+    for r in range(n):  # right: the first token whose cumulative weight exceeds the point, of weight > 0
+        index[r] = np.searchsorted(cdf[r], point[r], side="right")
+    np.minimum(index, vocab - 1, out=index)
+    zero = ~(np.take_along_axis(rows, index, -1) > 0)
+    if zero.any():  # u * total rounded up to the total: take the last token of weight > 0
+        last = vocab - 1 - np.argmax((rows > 0)[:, ::-1], -1)
+        index = np.where(zero, last[:, None], index)
+    return index
+
+
 def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator | None = None):
     """Up to k indices per row of `weights` [n, V], drawn one after another without replacement, each from the
     weights the row has left, in draw order: the law of `torch.multinomial(weights, k, replacement=False)`,
     for one uniform per draw instead of one random number per entry.
     Returns (indices [n, m], live [n, m] bool), m = min(k, V); a draw past a row's support is not live (its
     index is then meaningless)."""
+    if _few_numpy_rows(weights) and weights.dim() == 2:
+        return _sequential_numpy(weights, k, generator)
     full = weights.double()
     left = full.clone()
     columns, alive = [], []
@@ -151,6 +183,32 @@ def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator |
         alive.append(live)
         left.scatter_(-1, drawn[:, None], 0.0)
     return torch.stack(columns, 1), torch.stack(alive, 1)
+
+
+def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator | None):
+    """`sequential_draws` on few CPU float rows [n, V], searching in numpy."""
+    left = weights.double()  # a copy (float32 rows), or made one below
+    left = left.clone() if left is weights else left
+    held = left.numpy()  # the same memory: drawn entries are zeroed here
+    full, full_cdf = None, None
+    every = np.arange(held.shape[0])
+    columns, alive = [], []
+    for _ in range(min(k, held.shape[-1])):
+        cdf = left.cumsum(-1).numpy()
+        live = cdf[:, -1] > 0  # rows whose support is used up draw from their full row, not live
+        if not live.any():
+            break
+        rows = held
+        if not live.all():
+            if full is None:
+                full = weights.double()
+                full, full_cdf = full.numpy(), full.cumsum(-1).numpy()
+            rows, cdf = np.where(live[:, None], held, full), np.where(live[:, None], cdf, full_cdf)
+        drawn = _draw_numpy(rows, cdf, generator, 1)[:, 0]
+        columns.append(drawn)
+        alive.append(live)
+        held[every, drawn] = 0.0
+    return torch.from_numpy(np.stack(columns, 1)), torch.from_numpy(np.stack(alive, 1))
 
 
 def draw_without_replacement(weights: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:

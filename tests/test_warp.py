@@ -173,3 +173,21 @@ def test_largest_is_torchs_topk_and_puts_tied_lower_indices_first():
     assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
     assert len(set(got[1][0].tolist())) == 3
     assert largest(rows.half(), 2)[1].tolist() == torch.topk(rows.half(), 2).indices.tolist()
+
+
+def test_draws_without_replacement_from_few_rows_are_made_in_numpy_with_the_same_tokens_as_in_torch(monkeypatch):
+    from multispec import warp
+
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.rand(3, 1000, generator=gen) * (torch.rand(3, 1000, generator=gen) > 0.5)  # zeros among them
+    weights[1, :996] = 0  # a row of at most 4 tokens: draws without replacement run past it
+
+    def draws(numpy_rows: int):
+        monkeypatch.setattr(warp, "NUMPY_ROWS", numpy_rows)
+        g = torch.Generator().manual_seed(7)
+        return (*warp.sequential_draws(weights, 8, g), *warp.sequential_draws(weights.double()[:1], 3, g),
+                warp.categorical(weights[0], g))  # the generator's state after them: the same uniforms taken
+
+    for ours, theirs in zip(draws(8), draws(0), strict=True):
+        assert torch.equal(ours, theirs)
+
