@@ -272,13 +272,14 @@ class HFModel(LanguageModel):
         graphed = self.graphs and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
         # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
-        width = max(n, -(-self.min_rows // b))
         if compiled:
             width = bucket(n)
             if b == 1:
                 width = self.bucket_route.get(width, width)
-        elif graphed:
-            width = bucket(width)
+        else:
+            width = max(n, -(-self.min_rows // b))
+            if graphed:
+                width = bucket(width)
         # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
         # buffer always a block longer keeps one graph per bucket as the cache grows
         cache.reserve(static.whole_blocks(past + width) + 1 if compiled else past + width)
