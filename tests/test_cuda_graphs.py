@@ -86,6 +86,20 @@ def test_a_replayed_step_gives_the_eager_logits_and_is_captured_once_per_shape()
 
 
 @cuda
+def test_a_compiled_step_under_a_graph_gives_the_eager_logits(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    graphed, eager = on_cuda(tiny_llama(seed=3)), on_cuda(tiny_llama(seed=3))
+    graphed.compile, eager.graphs = True, False
+    cg, ce = graphed.new_cache(), eager.new_cache()
+    graphed.forward(cg, torch.tensor([PROMPT]))
+    eager.forward(ce, torch.tensor([PROMPT]))
+    for tokens in ([9, 4, 33], [2, 40, 11], [1]):
+        step = torch.tensor([tokens])
+        assert torch.allclose(graphed.forward(cg, step), eager.forward(ce, step), atol=1e-4)
+    assert graphed.graph_captures == 2 and graphed.compiles >= 1
+
+
+@cuda
 @pytest.mark.parametrize("method, params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
                                             ("specinfer", {}), ("batch-sd", {"drafts": 2, "gamma": 3}),
                                             ("beam", {"width": 3})])
