@@ -199,13 +199,14 @@ def generate(
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
 
     session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens, cancel)
-    seconds_before, compiles_before = _compiling(target, draft)
+    seconds_before, compiles_before, captures_before = _compiling(target, draft)
     t0 = time.perf_counter()
     if not session.done:
         spec.run(session, **params)
     seconds = time.perf_counter() - t0
-    seconds_after, compiles_after = _compiling(target, draft)
-    stats = _stats(session, seconds, seconds_after - seconds_before, compiles_after - compiles_before)
+    seconds_after, compiles_after, captures_after = _compiling(target, draft)
+    stats = _stats(session, seconds, seconds_after - seconds_before, compiles_after - compiles_before,
+                   captures_after - captures_before)
     if score:
         stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
         stats["perplexity"] = perplexity([stats["mean_logprob"]])
@@ -247,17 +248,17 @@ def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
     return ids
 
 
-def _compiling(*models) -> tuple[float, int]:
-    """One-time seconds so far (compiling the models' forwards, measuring their cost curves for
-    gamma=auto), and graphs compiled."""
+def _compiling(*models) -> tuple[float, int, int]:
+    """One-time seconds so far (compiling the models' forwards, capturing their CUDA graphs, measuring their
+    cost curves for gamma=auto), graphs compiled and CUDA graphs captured."""
     from .models import cost
 
     models = [m for m in models if m is not None]
     return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + cost.calibration_seconds,
-            sum(getattr(m, "compiles", 0) for m in models))
+            sum(getattr(m, "compiles", 0) for m in models), sum(getattr(m, "graph_captures", 0) for m in models))
 
 
-def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) -> dict[str, Any]:
+def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> dict[str, Any]:
     """`seconds` is the decoding time, prefill included, one-time costs (compiling a forward for a new
     shape, measuring a cost curve for gamma=auto) not: those are `one_time_seconds`, and `wall_seconds`
     holds both."""
@@ -290,6 +291,7 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0) ->
         "draft_prefill_seconds": s.draft.prefill if s.draft is not None else 0.0,
         "other_seconds": max(0.0, seconds - forward),
         "compiles": compiles,  # graphs compiled during this call (0 in steady state)
+        "graph_captures": captures,  # CUDA graphs captured during this call (0 in steady state)
         "block_efficiency": new / target_calls if target_calls else 0.0,
         "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
         "forward_seconds": forward,

@@ -49,7 +49,7 @@ MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft
             "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
             "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens", "predicted_tokens_per_second",
             "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance",
-            "peak_memory_mb", "one_time_seconds", "compiles", "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds",
+            "peak_memory_mb", "one_time_seconds", "compiles", "graph_captures", "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds",
             "target_forwards", "draft_forwards")
 
 
@@ -366,7 +366,7 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
     row.update(text=text, token_ids=tokens, prompt_tokens=len(ids))
     for key in ("predicted_tokens_per_second", "decode_tokens_per_second", "drafter_iterations",
                 "accepted_length_histogram", "position_acceptance", "one_time_seconds", "compiles",
-                "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds", "target_forwards",
+                "graph_captures", "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds", "target_forwards",
                 "draft_forwards"):
         row[key] = stats.get(key)
     return row
