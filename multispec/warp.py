@@ -187,8 +187,7 @@ def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator |
 
 def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator | None):
     """`sequential_draws` on few CPU float rows [n, V], searching in numpy."""
-    left = weights.double()  # a copy (float32 rows), or made one below
-    left = left.clone() if left is weights else left
+    left = weights.to(torch.float64, copy=True)
     held = left.numpy()  # the same memory: drawn entries are zeroed here
     full, full_cdf = None, None
     every = np.arange(held.shape[0])

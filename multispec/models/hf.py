@@ -374,16 +374,16 @@ class HFModel(LanguageModel):
         buffers = (*cache.key_buffers, *cache.value_buffers)
         key = (tuple(ids.shape), tuple((k, tuple(m.shape)) for k, m in named),
                tuple(b.data_ptr() for b in buffers), tuple(tuple(b.shape) for b in buffers))
-        graph = self._graphs.pop(key, None)
-        if graph is None:
-            graph = self._capture(ids, positions, named, slots, cache)
-        self._graphs[key] = graph  # most recently used last
+        entry = self._graphs.pop(key, None)
+        if entry is None:
+            entry = self._capture(ids, positions, named, slots, cache)
+        self._graphs[key] = entry  # most recently used last
         while len(self._graphs) > GRAPHS_KEPT:
             self._graphs.pop(next(iter(self._graphs)))
-        inputs, output, _ = graph
+        inputs, output, graph = entry
         for held, given in zip(inputs, (ids, positions, *(m for _, m in named), slots), strict=True):
             held.copy_(given)
-        graph[2].replay()
+        graph.replay()
         return output
 
     def _capture(self, ids, positions, named, slots, cache):
