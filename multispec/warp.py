@@ -7,6 +7,7 @@ so that ratios and residuals of verification are not spoiled by half-precision u
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,10 @@ class Sampling:
         probs = self.probs(logits)
         return probs, self.draw(probs, generator)
 
+    def rows(self, logits: torch.Tensor) -> LazyRows:
+        """`probs(logits)` for logits [n, V], one row at a time on first use (`LazyRows`)."""
+        return LazyRows(logits.shape[0], lambda i: self.probs(logits[i]))
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Warped next-token distributions over the last axis. Greedy gives one-hot rows."""
         if self.greedy:
@@ -62,6 +67,29 @@ class Sampling:
         z = _top_k(z, self.top_k)
         z = _top_p(z, self.top_p)
         return torch.softmax(z, dim=-1)
+
+
+class LazyRows:
+    """Probability rows [n, V], each made on first use (`rows[i]`, a [V] tensor): a rule that walks rows in order
+    and stops at a rejection never makes the rows after it (sd's target rows past the first rejection, one pass
+    over the vocabulary each), and rows made one by one need not be copied into one tensor. `stacked()`: all of
+    them as one [n, V] tensor."""
+
+    def __init__(self, count: int, make: Callable[[int], torch.Tensor]):
+        self._made: list[torch.Tensor | None] = [None] * count
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        row = self._made[i]
+        if row is None:
+            row = self._made[i] = self._make(i)
+        return row
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack([self[i] for i in range(len(self))])
 
 
 def argmax(t: torch.Tensor) -> torch.Tensor:

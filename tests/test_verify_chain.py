@@ -1,10 +1,13 @@
 """The chain verifier as a pure function: exact law by enumeration, golden numbers, a broken variant."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 
-from multispec.verify import residual, speculative_verify
+from multispec.verify import relaxed_verify, residual, speculative_verify
+from multispec.warp import LazyRows
 from tests.wrong_rules import no_residual_verify
 
 EX1_TARGET = [0.5, 0.3, 0.2]
@@ -114,3 +117,35 @@ def test_greedy_verify_is_the_chain_rule_on_one_hot_target_rows():
 
     assert mismatches(lambda t, d, bonus: greedy_verify(t, d, bonus=bonus)) == 0
     assert mismatches(accepts_every_draft) > 0
+
+
+def _counting_rows(rows: torch.Tensor, made: list[int]) -> LazyRows:
+    def make(i):
+        made.append(i)
+        return rows[i].clone()
+    return LazyRows(rows.shape[0], make)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rule", [speculative_verify, partial(relaxed_verify, eps=0.05),
+                                  partial(relaxed_verify, eps=0.05, resample="uno")])
+def test_rows_made_on_use_give_the_same_verdicts_and_skip_rows_after_a_rejection(rule, dtype):
+    rng = np.random.default_rng(3)
+    skipped = 0
+    for trial in range(200):
+        g, v = int(rng.integers(1, 5)), 6
+        target = torch.tensor(rng.dirichlet(np.ones(v), g + 1), dtype=dtype)
+        draft = torch.tensor(rng.dirichlet(np.ones(v) * 0.5, g), dtype=dtype)
+        tokens = torch.multinomial(draft, 1, generator=torch.Generator().manual_seed(trial))[:, 0]
+        bonus = bool(trial % 3)
+        target = target if bonus else target[:-1]
+        want = rule(target, draft, tokens, torch.Generator().manual_seed(trial), bonus=bonus)
+        made_target, made_draft = [], []
+        got = rule(_counting_rows(target, made_target), _counting_rows(draft, made_draft), tokens,
+                   torch.Generator().manual_seed(trial), bonus=bonus)
+        assert got == want
+        n = len(want.accepted)
+        assert max(made_target) == min(n, target.shape[0] - 1)  # rows after the first rejection never made
+        assert max(made_draft) <= n
+        skipped += target.shape[0] - len(set(made_target))
+    assert skipped > 50

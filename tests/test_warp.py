@@ -191,3 +191,12 @@ def test_draws_without_replacement_from_few_rows_are_made_in_numpy_with_the_same
     for ours, theirs in zip(draws(8), draws(0), strict=True):
         assert torch.equal(ours, theirs)
 
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=50), Sampling(0.9, top_p=0.8), Sampling(0.0)])
+def test_rows_made_one_by_one_equal_the_batched_rows(sampling):
+    logits = torch.randn(5, 4099, generator=torch.Generator().manual_seed(0)) * 4
+    rows, batched = sampling.rows(logits), sampling.probs(logits)
+    assert len(rows) == 5
+    assert all(torch.equal(rows[i], batched[i]) for i in (3, 0, 4, 1, 2))
+    assert torch.equal(rows.stacked(), batched)

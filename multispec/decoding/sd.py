@@ -19,8 +19,8 @@ from ..drafting import make_drafter, setup_of
 from ..drafting.length import AutoLength, DraftLength
 from ..engine import Entries, Session
 from ..models.cost import forward_cost
-from ..verify import greedy_verify, relaxed_verify, speculative_verify
-from ..warp import argmax
+from ..verify import chain, greedy_verify, relaxed_verify, speculative_verify
+from ..warp import LazyRows, argmax
 from .loop import speculate
 from .registry import BONUS, IntOrAuto, Method, Param, drafter_params, register
 
@@ -46,6 +46,11 @@ def _verify(s: Session, rule, bonus: bool, proposal):
     logits = s.target.feed([s.tokens], Entries.chain(scored))[0]
     if rule is speculative_verify and s.sampling.greedy:  # one-hot target rows: decided by their argmax alone
         return greedy_verify(argmax(logits), drafts, bonus=bonus)
+    if logits.device.type == "cpu" and getattr(rule, "func", rule) in (chain.speculative_verify, chain.relaxed_verify):
+        # these rules read rows in order up to the first rejection: on a CPU, rows made on use (on a GPU a row
+        # read one at a time is a device sync each)
+        draft = proposal.draft_rows if isinstance(proposal.draft_rows, LazyRows) else proposal.draft_probs
+        return rule(s.sampling.rows(logits), draft, drafts, s.generator, bonus=bonus)
     return rule(s.sampling.probs(logits), proposal.draft_probs, drafts, s.generator, bonus=bonus)
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ..trees import Shape, TokenTree
 from ..verify.verdict import Verdict
-from ..warp import Sampling
+from ..warp import LazyRows, Sampling
 
 
 @dataclass
@@ -25,8 +25,9 @@ class Proposal:
     tree: TokenTree
     tokens: torch.Tensor  # [N] token ids, node order
     # [R, V]: row 0 the root, row 1 + g node g, for every node with children; or a function that makes them,
-    # called when `draft_probs` is first read (greedy drafts' rows: the greedy rules never read them)
-    draft_rows: torch.Tensor | Callable[[], torch.Tensor]
+    # called when `draft_probs` is first read (greedy drafts' rows: the greedy rules never read them); or
+    # `LazyRows` (a chain's rows, made one by one: a rule that reads rows in order takes them as they are)
+    draft_rows: torch.Tensor | Callable[[], torch.Tensor] | LazyRows
     live: torch.Tensor | None = None  # [N] bool: False for padding that must never be accepted; None: all live
     fixed: torch.Tensor | None = None  # [N] bool: nodes proposed deterministically (one-hot draft); None: none
     logq: torch.Tensor | None = None  # [N] a chain's cumulative joint draft log-probability (joint methods)
@@ -37,7 +38,9 @@ class Proposal:
 
     @property
     def draft_probs(self) -> torch.Tensor:
-        if not isinstance(self.draft_rows, torch.Tensor):
+        if isinstance(self.draft_rows, LazyRows):
+            self.draft_rows = self.draft_rows.stacked()
+        elif not isinstance(self.draft_rows, torch.Tensor):
             self.draft_rows = self.draft_rows()
         return self.draft_rows
 

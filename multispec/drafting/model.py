@@ -15,7 +15,7 @@ import torch
 from ..engine import Entries, ModelRunner
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
-from ..warp import argmax, categorical, largest, one_hot, sequential_draws
+from ..warp import LazyRows, argmax, categorical, largest, one_hot, sequential_draws
 from .base import Drafter, Proposal, Setup
 
 
@@ -88,7 +88,8 @@ class DraftChain(ModelDrafter):
         self._proposed(context, list(range(len(tokens))))
         device = self.setup.device
         drafted = torch.stack(tokens).to(device)
-        rows = (partial(one_hot, drafted, logits[-1]) if sampling.greedy else torch.stack(probs).to(device))
+        rows = (partial(one_hot, drafted, logits[-1]) if sampling.greedy
+                else LazyRows(len(probs), lambda i: probs[i].to(device)))
         return Proposal(TokenTree.chain(len(tokens)), drafted, rows)
 
     def _peak(self, q: torch.Tensor, logits: torch.Tensor) -> float:

@@ -9,13 +9,16 @@ exactly as sampling from the target alone.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from ..warp import categorical
+from ..warp import LazyRows, categorical
 from .verdict import Verdict
 
 # Below this residual mass a rejection can only come from rounding; fall back to the target row.
 RESIDUAL_EPS = 1e-12
+
+Rows = torch.Tensor | LazyRows  # [n, V] probability rows, read row by row
 
 
 def residual(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
@@ -31,19 +34,32 @@ def _residual_weights(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor
     return r if float(r.sum()) > RESIDUAL_EPS else target
 
 
-def _accepted_prefix(on_target: torch.Tensor, on_draft: torch.Tensor, generator) -> int:
-    """Length of the accepted prefix when position i passes iff u_i < on_target_i / on_draft_i."""
-    g = on_target.shape[0]
+def _accepted_prefix(target_probs: Rows, draft_probs: Rows, draft_tokens: torch.Tensor, generator,
+                     eps: float = 0.0) -> int:
+    """Length of the accepted prefix when position i passes iff u_i * draft_i(x_i) < target_i(x_i) + eps (the
+    ratio test written without the division; drafted tokens have draft_i(x_i) > 0), with the uniforms drawn
+    together. Tensors are tested at once (one device sync); `LazyRows` are read in order up to the first
+    rejection only, the test computed in the rows' precision as the tensor arithmetic does, so both give the
+    same verdict from the same uniforms."""
+    g = draft_tokens.shape[0]
     if g == 0:
         return 0
-    u = torch.rand(g, generator=generator, device=on_target.device, dtype=on_target.dtype)
-    # written without the division; drafted tokens have on_draft > 0
-    return int((u * on_draft < on_target).cumprod(0).sum())
+    first_target, first_draft = target_probs[0], draft_probs[0]
+    u = torch.rand(g, generator=generator, device=first_target.device, dtype=first_target.dtype)
+    if isinstance(target_probs, torch.Tensor) and isinstance(draft_probs, torch.Tensor):
+        rows = torch.arange(g, device=draft_tokens.device)
+        return int((u * draft_probs[rows, draft_tokens] < target_probs[rows, draft_tokens] + eps).cumprod(0).sum())
+    real = np.float64 if torch.promote_types(first_target.dtype, first_draft.dtype) == torch.float64 else np.float32
+    for i, (token, ui) in enumerate(zip(draft_tokens.tolist(), u.tolist(), strict=True)):
+        on_target = real(float(target_probs[i][token])) + real(eps)
+        if not real(ui) * real(float(draft_probs[i][token])) < on_target:
+            return i
+    return g
 
 
 def speculative_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
+    target_probs: Rows,
+    draft_probs: Rows,
     draft_tokens: torch.Tensor,
     generator: torch.Generator | None = None,
     bonus: bool = True,
@@ -51,14 +67,14 @@ def speculative_verify(
     """Verify a chain of drafts.
 
     target_probs: [g + 1, V] (or [g, V] without bonus), the target's warped distributions at each draft
-                  position and after the last.
-    draft_probs:  [g, V], the draft's warped distributions the drafts were sampled from.
+                  position and after the last: a tensor, or `LazyRows` (rows after the first rejection are
+                  never read).
+    draft_probs:  [g, V], the draft's warped distributions the drafts were sampled from (a tensor or `LazyRows`).
     draft_tokens: [g], the drafted token ids.
     Returns a `Verdict` accepting nodes 0..n-1 (the first n drafts); its next token is None only when all
     drafts pass and `bonus` is off.
     """
-    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-    n = _accepted_prefix(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], generator)
+    n = _accepted_prefix(target_probs, draft_probs, draft_tokens, generator)
     if n < draft_tokens.shape[0]:
         dist = _residual_weights(target_probs[n], draft_probs[n])
     elif bonus:
@@ -90,8 +106,8 @@ def _chain_verdict(draft_tokens: torch.Tensor, n: int, dist: torch.Tensor | None
 
 
 def relaxed_verify(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
+    target_probs: Rows,
+    draft_probs: Rows,
     draft_tokens: torch.Tensor,
     generator: torch.Generator | None = None,
     bonus: bool = True,
@@ -104,9 +120,7 @@ def relaxed_verify(
     (Theorem 4; for this b it equals the exact residual), or "uno": the target distribution itself.
     eps = 0 with "opt" is exactly `speculative_verify`, draw for draw.
     """
-    rows = torch.arange(draft_tokens.shape[0], device=draft_tokens.device)
-    on_target = target_probs[rows, draft_tokens] + eps
-    n = _accepted_prefix(on_target, draft_probs[rows, draft_tokens], generator)
+    n = _accepted_prefix(target_probs, draft_probs, draft_tokens, generator, eps)
     if n < draft_tokens.shape[0]:
         if resample == "opt":
             b = ((target_probs[n] + eps) / draft_probs[n]).nan_to_num(1.0).clamp_max(1.0)
