@@ -188,12 +188,15 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
-    auto_tree = fastest if fastest.size else TokenTree.chain(1)
     work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}"  # milliseconds, what tree=auto's overhead reads
+    # tree=auto follows the same choice: the fastest tree, or (after its first one-node tries) no drafting at all,
+    # an iteration of one plain target step priced as the controller prices it
+    auto_tree, auto_tokens, auto_seconds = ((fastest, tree_value(fastest, reach), seconds(fastest)) if fastest.size
+                                            else (None, 1.0, choice.seconds))
     candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
                                 {"tree": "auto", "acceptance": prior, "overhead": work,
                                  "replacement": replacement}, auto_tree,
-                                tree_value(auto_tree, reach), seconds(auto_tree) + _search_seconds(table), prefill))
+                                auto_tokens, auto_seconds + _search_seconds(table), prefill))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
     # the best few, and always ar and the best chain: a plan is then never a tree that measured slower on

@@ -238,6 +238,24 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert len(generate(target, draft, [1, 2, 3], method=spec, max_new_tokens=6).token_ids) == 6
 
 
+def test_tune_prices_tree_auto_as_plain_steps_when_its_choice_is_no_drafting(monkeypatch):
+    # tree=auto decodes without drafts when no tree pays (after its first one-node tries): tune must predict
+    # that, not a one-node chain (a translation tune priced tree=auto 1.65x below what it then ran at)
+    import multispec.tune
+    from multispec.bench import Prompt
+    from multispec.tree_search import TreeChoice
+    from tests.conftest import tiny_llama
+
+    monkeypatch.setattr(multispec.tune, "fastest_tree", lambda *a, **k: TreeChoice(0, 0, 1.0, 0.05, ()))
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
+    prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(2)]
+    result = multispec.tune.tune(target, draft, prompts, temperature=1.0, max_new_tokens=8, measure=1)
+    auto = next(c for c in result.candidates if "tree=auto" in c.label)
+    assert auto.tree is None and auto.tokens == 1.0
+    assert 0.05 <= auto.seconds < 0.06  # the choice's seconds, and the search spread over its calls
+    assert not any(c.label == "mcsd, the fastest optimal tree" for c in result.candidates)
+
+
 def test_stats_hold_the_prompts_forward_apart():
     # the target's first forward (the prompt) is timed on its own: a call of one new token is that forward
     # alone; with more tokens it is a part of the target's time. tune prices prefill from it.
