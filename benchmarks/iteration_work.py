@@ -20,7 +20,8 @@ import time
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 PROMPT = "Explain how a bicycle gear system works, in detail."
-METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"})]
+METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
+           ("mcsd", {"k_config": "8x1"}), ("specinfer", {})]
 
 
 class Timers:

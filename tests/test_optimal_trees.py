@@ -204,6 +204,28 @@ def test_tree_auto_reports_its_choices_and_is_reproducible():
         generate(target, draft, [1], method="mcsd", tree="auto", drafter="hybrid", max_new_tokens=3)
 
 
+def test_tree_auto_searches_again_only_on_news(monkeypatch):
+    # once no tree pays (a second per node), no verdicts come in: a scheduled search could only answer the same,
+    # until the context has grown (CONTEXT_GROWTH); with adapt the measured times move, so every one runs
+    import multispec.drafting.shape as shape
+
+    target, draft = random_markov_pair(6, 200, 2)
+    prompt = [i % 6 for i in range(120)]  # 60 more tokens grow the context by half
+    method = "mcsd:tree=auto,overhead=0/1000"
+    run = generate(target, draft, prompt, method=method, max_new_tokens=60, seed=3)
+    assert run.stats["trees_used"].get("none", 0) >= 50
+    scheduled = sum(shape.replans(c) for c in range(1, 61))  # 1, 2, 4, 8, 16, 32, 48
+    # the first three calls try one node (EXPLORE); then a search at 120 * 1.25 = 150 tokens and no other
+    assert run.stats["tree_searches"] == 4 < scheduled
+    monkeypatch.setattr(shape.AutoTree, "_news", lambda self, context: True)
+    every = generate(target, draft, prompt, method=method, max_new_tokens=60, seed=3)
+    assert every.stats["tree_searches"] == scheduled
+    assert every.token_ids == run.token_ids and every.stats["trees_used"] == run.stats["trees_used"]
+    monkeypatch.undo()
+    adapted = generate(target, draft, prompt, method=method + ",adapt=true", max_new_tokens=60, seed=3)
+    assert adapted.stats["tree_searches"] >= scheduled
+
+
 # -- tune and plan files ------------------------------------------------------------------------
 
 def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):

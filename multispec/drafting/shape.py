@@ -23,6 +23,9 @@ AUTO_MAX_NODES, AUTO_MAX_DEPTH = 64, 12
 EXPLORE = 3  # one-node tries before the record may choose no drafting at all
 PRIOR_WEIGHT = 20.0  # pseudo-tries behind a prior acceptance vector (from `multispec tune`)
 OVERHEAD_PRIOR = 1e-3  # seconds of per-iteration work assumed before any is measured
+# a scheduled search with no new verdicts since the last one (as when no drafting was chosen) can change its
+# answer only through the context length: it is repeated once the context has grown by this factor
+CONTEXT_GROWTH = 1.25
 
 
 def replans(call: int) -> bool:
@@ -64,10 +67,14 @@ class AutoTree(Drafter):
         # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft)
         self._last: tuple[float, float, float, float, float] | None = None
         self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
+        self._searched: tuple[float, int] | None = None  # (tries recorded, context length) at the last search
+        self.searches = 0
 
     def search(self, context: int, pending: int, room: int) -> None:
         """Find the fastest tree of depth at most `room` (the tokens left bound it)."""
         counts = self.ranks()
+        self._searched = (float(counts.tries.sum()), context)
+        self.searches += 1
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
         table = table_for(rates, self.max_nodes, depth)
@@ -80,6 +87,14 @@ class AutoTree(Drafter):
                                         pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self.tree = table.tree(self.choice.nodes, self.choice.depth)
+
+    def _news(self, context: int) -> bool:
+        """Whether a search could answer otherwise than the last: new verdicts, a context grown by
+        CONTEXT_GROWTH, or (with `adapt`) this call's measured times, which move every iteration."""
+        if self.adapt or self._searched is None:
+            return True
+        tries, searched_at = self._searched
+        return float(self.ranks().tries.sum()) != tries or context >= CONTEXT_GROWTH * searched_at
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self.calls += 1
@@ -99,7 +114,7 @@ class AutoTree(Drafter):
         pending = self.pending(context)
         searched = 0.0
         room = shape_depth(shape)
-        if replans(self.calls) or self.tree.max_depth > room:
+        if (replans(self.calls) and self._news(len(context))) or self.tree.max_depth > room:
             self.search(len(context), pending, room)
             searched = time.perf_counter() - now
         tree = self.tree
@@ -125,6 +140,7 @@ class AutoTree(Drafter):
         top = sorted(self.used.items(), key=lambda kv: -kv[1])[:5]
         return {
             "trees_used": dict(top),
+            "tree_searches": self.searches,
             "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
