@@ -176,6 +176,27 @@ class TokenTree:
         """Children of node g in draw order; g = -1 is the root."""
         return self.kids[1 + g]
 
+    @functools.cached_property
+    def _draws(self) -> dict[tuple[int, str], tuple[int, torch.Tensor | None]]:
+        return {}
+
+    def draws(self, d: int, device) -> tuple[int, torch.Tensor | None]:
+        """For a drafter that draws level d as k children per node of level d - 1 (the root for d = 1): k, the
+        most children such a node has, and where the level's nodes sit in the flattened [nodes, k] grid of draws
+        ([n] long on `device`), or None when every node has k children. Made once per level and device."""
+        key = (d, str(device))
+        if key not in self._draws:
+            parents = [-1] if d == 1 else range(self.level(d - 1).start, self.level(d - 1).stop)
+            counts = [len(self.children(g)) for g in parents]
+            level = self.level(d)
+            if [c for g in parents for c in self.children(g)] != list(range(level.start, level.stop)):
+                raise ValueError("a drafted tree must be laid out breadth first (TokenTree.canonical)")
+            k = max(counts)
+            index = None if min(counts) == k else torch.tensor(
+                [p * k + j for p, c in enumerate(counts) for j in range(c)], device=device)
+            self._draws[key] = (k, index)
+        return self._draws[key]
+
     def level(self, d: int) -> slice:
         """The nodes of depth d, for a tree laid out breadth first (as `from_branching` and chains are)."""
         if not 1 <= d <= self.max_depth:

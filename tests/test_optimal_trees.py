@@ -37,6 +37,19 @@ def test_a_tree_is_read_from_parents_or_nested_lists_and_laid_out_breadth_first(
     assert load_tree(path).parents.tolist() == [-1, -1, -1, 0, 0, 3]
 
 
+def test_a_drafted_level_keeps_each_nodes_own_number_of_draws():
+    # parents [-1, -1, -1, 0, 0, 3]: the root draws 3; at depth 2 nodes 0, 1, 2 have 2, 0, 0 children, so of the
+    # 3 x 2 grid of draws the level keeps cells 0 and 1; at depth 3 node 3 has 1 child and node 4 none
+    tree = tree_from_json(IRREGULAR)
+    assert tree.draws(1, "cpu") == (3, None)
+    k, index = tree.draws(2, "cpu")
+    assert k == 2 and index.tolist() == [0, 1]
+    k, index = tree.draws(3, "cpu")
+    assert k == 1 and index.tolist() == [0]
+    even = TokenTree.from_branching((2, 2, 1))
+    assert [even.draws(d, "cpu") for d in (1, 2, 3)] == [(2, None), (2, None), (1, None)]
+
+
 @pytest.mark.parametrize("content, message", [
     ("[0]", "parents must come before their children"),
     ("[-1, 2, 0]", "parents must come before their children"),

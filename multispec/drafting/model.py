@@ -127,22 +127,21 @@ class DraftTree(ModelDrafter):
         greedy = self.setup.sampling.greedy
         vocab = logits.shape[-1]
         rows, tokens, live = [], [], []
-        parents, parent_live = [-1], torch.ones(1, dtype=torch.bool, device=logits.device)
+        parent_live = torch.ones(1, dtype=torch.bool, device=logits.device)
         for d in range(1, tree.max_depth + 1):
-            counts = torch.tensor([len(tree.children(g)) for g in parents], device=logits.device)
+            # k draws per node of the level above; `index` keeps each node's own number of them (host-made
+            # once per tree: no mask built and no device sync per level)
+            k, index = tree.draws(d, logits.device)
             if greedy:  # the top-k rows are made only if a rule reads them (the greedy walk does not)
-                children, alive, top, weights = _top(logits, int(counts.max()))
+                children, alive, top, weights = _top(logits, k)
                 rows.append((top, weights))
             else:
-                children, alive, stored = sample_children(self.setup, logits, int(counts.max()), self.replacement)
+                children, alive, stored = sample_children(self.setup, logits, k, self.replacement)
                 rows.append(stored)
-            alive = alive & parent_live[:, None]
-            kept = torch.arange(children.shape[1], device=logits.device) < counts[:, None]  # [n, k]
-            flat, parent_live = children[kept], alive[kept]  # parent by parent, in draw order
+            flat, parent_live = children.reshape(-1), (alive & parent_live[:, None]).reshape(-1)  # parent by parent
+            if index is not None:
+                flat, parent_live = flat[index], parent_live[index]
             level = tree.level(d)
-            parents = [c for g in parents for c in tree.children(g)]
-            if parents != list(range(level.start, level.stop)):
-                raise ValueError("a drafted tree must be laid out breadth first (TokenTree.canonical)")
             tokens.append(flat)
             live.append(parent_live)
             if d < tree.max_depth:  # the deepest level is never fed to the draft model
