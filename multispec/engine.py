@@ -165,7 +165,9 @@ class ModelRunner:
         t0, before = time.perf_counter(), (self.seconds, self.one_time)
         logits = self.model.forward(self.cache, tokens, positions.to(device),
                                     None if mask is None else mask.to(device),
-                                    logits_to_keep=s + (1 if n_pending else 0))
+                                    logits_to_keep=s + (1 if n_pending else 0),
+                                    # a prompt but its last token: logits not kept, and fed alike by every method
+                                    fused_prefix=n_pending - 1 if self.committed == 0 else 0)
         if getattr(device, "type", None) == "cuda":
             # a GPU forward returns before its kernels finish: without this, the wait would be counted in
             # whatever reads the logits first (the rule's time), not in the forward's

@@ -479,6 +479,60 @@ def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
         pytest.skip("this machine's kernels give the same bits for any row count: the wrong variant shows nothing")
 
 
+def _scored_after_a_prompt(model, drafts: int, step_by_step: bool) -> torch.Tensor:
+    """A 200-token prompt, then `drafts` tokens: the logits after the prompt's last token and after each draft,
+    from one chain fed with the prompt, or one token at a time (how `ar` reaches them)."""
+    ids = torch.randint(256, (200 + drafts,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompt, chain = ids[:200], ids[200:]
+    runner = ModelRunner(model)
+    if not step_by_step:
+        return runner.feed([prompt], Entries.chain(chain))[0]
+    rows = [runner.feed([prompt])[0, -1]]
+    for i in range(drafts):
+        rows.append(runner.feed([prompt + chain[: i + 1]])[0, -1])
+        runner.commit(200 + i + 1)
+    return torch.stack(rows)
+
+
+def test_a_prompt_goes_in_through_fused_attention_and_what_follows_meets_the_same_bits(monkeypatch):
+    # the first forward attends the prompt but its last token through torch's fused attention (every method
+    # alike), the prompt's last token and the drafts through the steps' batch-invariant attention: in bfloat16 a
+    # chain fed with the prompt gets the bits of one-token steps, so greedy sd stays greedy ar
+    from transformers import AttentionInterface
+
+    from multispec.models import static
+
+    model = _bf16_llama()
+    fused, everything = [], []
+
+    def counted(module, query, *args, **kwargs):
+        fused.append(kwargs.get("ms_fused", 0))
+        if everything and kwargs.get("ms_fused"):  # the known-wrong variant: the drafts through it too
+            kwargs["ms_fused"] = query.shape[2]
+        return static.attention(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, static.NAME, counted)
+    chain = _scored_after_a_prompt(model, 4, step_by_step=False)
+    assert set(fused) == {199}  # every layer of the one forward
+    assert torch.equal(chain, _scored_after_a_prompt(model, 4, step_by_step=True))
+    # fused attention is close to the steps', not the same bits: scoring the drafts with it gives them other
+    # logits than one-token steps
+    everything.append(True)
+    wrong = _scored_after_a_prompt(model, 4, step_by_step=False)
+    assert torch.allclose(wrong, chain, rtol=0.05, atol=0.05 * chain.abs().max().item())
+    if torch.equal(wrong, chain):
+        pytest.skip("this machine's fused attention gives the steps' bits: the wrong variant shows nothing")
+
+
+def test_a_prompt_fed_with_fused_attention_gives_the_models_own_logits():
+    model = tiny_llama(seed=5, max_positions=512)
+    ids = [(11 * i + 5) % 64 for i in range(300)]
+    runner = ModelRunner(model)
+    logits = runner.feed([ids[:290]], Entries.chain(ids[290:]))[0]
+    assert runner.committed == 290 and model.static
+    assert torch.allclose(logits, full_logits(model, ids)[289:], atol=1e-4)
+
+
 def test_compiles_during_a_call_count_as_one_time_not_as_decoding(tmp_path, monkeypatch):
     # gamma=auto reads stored cost curves (no calibration), so the compiled steps' graphs are made inside the
     # call: their seconds (the process's first torch.compile included) are one-time costs, outside the target's

@@ -47,12 +47,16 @@ class LanguageModel(ABC):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        fused_prefix: int = 0,
     ) -> torch.Tensor:
         """Score `tokens` [B, n] after the cached ones; the cache grows by n.
 
         positions: [B, n] position ids (default: cache length + 0..n-1).
         mask: bool [B, n, cache length + n], True where a new token may attend (default: causal).
         logits_to_keep: return logits for only the last k new tokens (0: all).
+        fused_prefix: into an empty cache, the first k tokens are a prompt's, which attend causally among
+        themselves and whose logits are not kept: a backend may attend them with a faster kernel whose last bits
+        differ from its steps' (the engine feeds every method's prompt alike, so all meet the same cache).
         Returns float logits [B, k or n, vocab_size] (float32 at least).
         """
 

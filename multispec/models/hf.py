@@ -259,7 +259,7 @@ class HFModel(LanguageModel):
 
     # -- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0):
         if not self.static:
             return self._forward_dynamic(cache, tokens, positions, mask, logits_to_keep)
         device = self.device
@@ -358,7 +358,11 @@ class HFModel(LanguageModel):
                 return self.forward(cache, tokens, positions, mask, logits_to_keep)
         else:
             keep = min(n, logits_to_keep or n)
-            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n)
+            # a prompt's start attends through torch's fused attention (one pass where the batch-invariant
+            # attention makes a dozen per block of queries): its tokens' logits are not kept, and every method
+            # feeds the prompt alike; the tokens after it are attended as in a step
+            fused = fused_prefix if past == 0 and not self.sliding_window and keep <= n - fused_prefix else 0
+            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n, fused)
             cache.length = past + n
             return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
         cache.length = past + n
@@ -425,9 +429,11 @@ class HFModel(LanguageModel):
             return full
         return {"full_attention": full, "sliding_attention": windowed} if self.mixed_layers else windowed
 
-    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0):
+    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0):
+        extra = {"ms_fused": fused} if fused else {}
         return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
-                          logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots).logits
+                          logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
+                          **extra).logits
 
     def _run_compiled(self, ids, positions, masks, slots, cache):
         args = (ids, positions, masks, slots, cache.keys, cache.values)

@@ -59,6 +59,18 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys.index_copy_(2, slots, key.to(keys.dtype))
         values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
+        fused = kwargs.get("ms_fused", 0)
+        if fused and not softcap:
+            # the first `fused` tokens, a prompt's start fed into an empty cache, attend causally among themselves
+            # through torch's fused kernel; the rest as in a step (`HFModel.forward`, `fused_prefix`)
+            head = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, :fused], key[:, :, :fused], value[:, :, :fused], is_causal=True, scale=scaling,
+                enable_gqa=True)
+            if fused < query.shape[2]:
+                rest = attend(query[:, :, fused:], keys[:, :, :width], values[:, :, : whole_blocks(width)],
+                              attention_mask[:, :, fused:], float(scaling), 0.0)
+                head = torch.cat([head, rest], 2)
+            return head.transpose(1, 2), None
         if TRACED_ATTENTION and torch.compiler.is_compiling():
             # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
             # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
