@@ -104,6 +104,8 @@ calibration_seconds = 0.0  # spent measuring cost curves in this process (not de
 def cost_key(model: LanguageModel, masked: bool = False) -> str:
     dtype = getattr(model, "dtype", None)
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
+    if engine == "static" and getattr(model, "eager_packed", lambda: False)():
+        engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
     return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
             f"torch={torch.__version__}|isa={instruction_sets()}" + ("|masked" if masked else ""))
 

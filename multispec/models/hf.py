@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..console import note
-from . import packaged, static
+from . import linears, packaged, static
 from .base import LanguageModel
 from .cost import bucket
 
@@ -88,7 +88,7 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
     if not layers:
         return 1
     some = next(iter(layers.values())).weight
-    key = (tuple(sorted(layers)), some.dtype, str(some.device), torch.get_num_threads())
+    key = (tuple(sorted(layers)), some.dtype, str(some.device), torch.get_num_threads(), linears.is_active())
     if key not in _INVARIANT_ROWS:
         gen = torch.Generator().manual_seed(0)
         fewest = 1
@@ -160,6 +160,20 @@ class HFModel(LanguageModel):
         # the cost curve in this process, `multispec.models.cost`); padding rows are masked out and dropped
         self.bucket_route: dict[int, int] = {}
         self._min_rows: int | None = None
+        # eager static steps on a CPU: linear maps on weights packed once, where that ran faster here
+        # (`linears.pack`, decided at the first eager step; None until then)
+        self.packed_linears: bool | None = None
+
+    def eager_packed(self) -> bool:
+        """Whether eager static steps run packed linear maps (decided, by timing, on first asking)."""
+        if self.packed_linears is None:
+            why = linears.packable(self.model) if self.static and not self.compile else "not eager static steps"
+            self.packed_linears = why is None and linears.pack(self.model)[0]
+        return self.packed_linears
+
+    def _eager_kernels(self):
+        """The context eager static steps run in: packed linear maps where `linears.pack` chose them."""
+        return linears.active() if self.eager_packed() else contextlib.nullcontext()
 
     @property
     def min_rows(self) -> int:
@@ -168,7 +182,8 @@ class HFModel(LanguageModel):
         outputs; 1 in float32, whose steeper cost curve would charge every plain step for it."""
         if self._min_rows is None:
             reduced = self.dtype in (torch.bfloat16, torch.float16)
-            self._min_rows = invariant_rows(self.model) if reduced else 1
+            with self._eager_kernels():
+                self._min_rows = invariant_rows(self.model) if reduced else 1
         return self._min_rows
 
     @classmethod
@@ -362,7 +377,8 @@ class HFModel(LanguageModel):
             # attention makes a dozen per block of queries): its tokens' logits are not kept, and every method
             # feeds the prompt alike; the tokens after it are attended as in a step
             fused = fused_prefix if past == 0 and not self.sliding_window and keep <= n - fused_prefix else 0
-            logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n, fused)
+            with self._eager_kernels():
+                logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n, fused)
             cache.length = past + n
             return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
         cache.length = past + n
