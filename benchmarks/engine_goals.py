@@ -17,7 +17,7 @@ from pathlib import Path
 
 DEFAULT = "sd:gamma=auto,drafter=hybrid"
 SD = ("sd:gamma=1", "sd:gamma=4")
-MCSD = ("mcsd:k_config=8x1", "specinfer")
+MCSD = ("mcsd", "mcsd:k_config=8x1", "specinfer")
 BEAMS = ("beam:width=2", "beam:width=3")
 
 # (label, a, b or a tuple of b: the best of them per category by median tokens/s, goal)
