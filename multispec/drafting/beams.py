@@ -67,15 +67,19 @@ class BeamDraft(ModelDrafter):
             score = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
             base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
             weights, joint, step = self.extensions(score.to(logits.device), logits)
-            picks = self._pick(weights)
+            picks = self._pick(weights, len(beams))
             start = len(tokens)
             vocab = joint.shape[-1]
-            for flat in picks.tolist():
+            # the picks' entries read in one gather each (not two tensor reads per pick); a Python float sum
+            # is the same float64 sum as the tensors'
+            picked_score, picked_step = joint.reshape(-1)[picks].tolist(), step.reshape(-1)[picks].tolist()
+            base = base_q.tolist()
+            for flat, beam_score, step_q in zip(picks.tolist(), picked_score, picked_step, strict=True):
                 b, v = divmod(flat, vocab)
                 parents.append(beams[b])
                 tokens.append(v)
-                score_of.append(float(joint[b, v]))
-                logq_of.append(float(base_q[b] + step[b, v]))
+                score_of.append(beam_score)
+                logq_of.append(base[b] + step_q)
             beams = list(range(start, len(tokens)))
             if depth < g:  # the deepest level is never fed to the draft model
                 tree = TokenTree.from_parents(parents)
@@ -114,13 +118,22 @@ class BeamDraft(ModelDrafter):
         step = torch.log(torch.where(mass > 0, weights / mass.clamp_min(1e-300), torch.zeros_like(weights)))
         return torch.log(weights).reshape(-1), joint, step
 
-    def _pick(self, log_weights: torch.Tensor) -> torch.Tensor:
-        """W flat (beam, token) indices: the heaviest (deterministic, or greedy sampling), or drawn without
-        replacement with weights softmax(log_weights); fewer when the support is smaller than W."""
+    def _pick(self, log_weights: torch.Tensor, rows: int = 1) -> torch.Tensor:
+        """W flat (beam, token) indices of `log_weights` [rows * V]: the heaviest (deterministic, or greedy
+        sampling), or drawn without replacement with weights softmax(log_weights); fewer when the support (the
+        finite entries) is smaller than W."""
+        if self.deterministic or self.setup.sampling.greedy:
+            # the W heaviest of all rows x V are among each row's W heaviest: a top-k per row (rows in
+            # parallel) and one over the rows' W, instead of a top-k and a support scan over all of them
+            by_row = log_weights.view(rows, -1)
+            vocab = by_row.shape[-1]
+            per_row = min(self.width, vocab)
+            values, index = torch.topk(by_row, per_row, dim=-1)  # [rows, per_row]
+            best = torch.topk(values.reshape(-1), min(self.width, values.numel()))
+            picks = best.indices.div(per_row, rounding_mode="floor") * vocab + index.reshape(-1)[best.indices]
+            return picks[torch.isfinite(best.values)]
         support = torch.isfinite(log_weights).nonzero().flatten()
         k = min(self.width, support.numel())
-        if self.deterministic or self.setup.sampling.greedy:
-            return torch.topk(log_weights, k).indices
         weights = torch.softmax(log_weights[support], -1)
         return support[draw_without_replacement(weights, k, self.setup.generator)]
 
