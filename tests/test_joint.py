@@ -107,6 +107,28 @@ def test_beam_decoding_with_a_wide_beam_finds_the_joint_argmax():
     assert p.tokens.tolist() == outcomes[int(prob.argmax())].tolist()
 
 
+@pytest.mark.parametrize("rows, vocab, width, finite", [(1, 50, 4, 50), (5, 40, 8, 200), (3, 30, 8, 5), (4, 6, 8, 24)])
+def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outside_the_support(rows, vocab, width, finite):
+    # the pick by a top-k per row and one over the rows' candidates must be the top-k over all rows x V, with
+    # -inf (outside the support) never picked; one beam with all the heavy entries, others empty, and fewer
+    # finite entries than W are the edge cases
+    target, draft = random_markov_pair(3, 8, 2)
+    s = _session(target, draft, [1], Sampling(1.0))
+    beams = _beams(s, width, deterministic=True)
+    gen = torch.Generator().manual_seed(rows * vocab + width)
+    for trial in range(20):
+        weights = torch.randn(rows * vocab, generator=gen, dtype=torch.float64)
+        if trial % 2:  # the heaviest entries all in the first beam
+            weights[:vocab] += 10
+        outside = torch.randperm(rows * vocab, generator=gen)[finite:]
+        weights[outside] = -math.inf
+        picked = beams._pick(weights, rows)
+        expected = torch.topk(weights, min(width, finite)).indices
+        assert sorted(picked.tolist()) == sorted(expected.tolist())
+        assert picked.unique().numel() == picked.numel()
+        assert torch.equal(weights[picked], weights[picked].sort(descending=True).values)  # heaviest first
+
+
 def test_beam_sampling_of_width_one_is_ancestral_sampling_from_the_draft():
     target, draft = random_markov_pair(3, 8, 6)
     outcomes, exact = draft.sequence_distribution([0], 2, Sampling(1.0))

@@ -45,10 +45,9 @@ def is_active() -> bool:
 
 
 def _packed_forward(self, x):
-    if getattr(_state, "on", False):
-        entry = _PACKED.get(self)
-        if entry is not None and entry[0] == (self.weight.data_ptr(), self.weight.dtype):
-            return torch.ops.mkldnn._linear_pointwise(x, entry[1], self.bias, "none", [], "")
+    packed = packed_weight(self) if getattr(_state, "on", False) else None
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
     return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -86,9 +85,10 @@ def pack(model) -> tuple[bool, float, float]:
     ROUNDS interleaved rounds); the choice is remembered per shapes, dtype and thread count."""
     found = _linears(model)
     weights = [m.weight.detach() for m in found]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
     key = (tuple((w.shape[1], w.shape[0]) for w in weights), weights[0].dtype, torch.get_num_threads())
+    packed = None
     if key not in _CHOICES:
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         inputs = {}
         for w in weights:
             inputs.setdefault(w.shape[1], torch.randn(1, 1, w.shape[1], generator=torch.Generator().manual_seed(0)
@@ -114,7 +114,8 @@ def pack(model) -> tuple[bool, float, float]:
         plain, fast = statistics.median(times[plain_pass]), statistics.median(times[packed_pass])
         _CHOICES[key] = (fast <= GAIN * plain, plain, fast)
     chosen = _CHOICES[key]
-    if chosen[0]:
+    if chosen[0]:  # (where the choice was remembered from another model of these shapes, packed only now)
+        packed = packed or [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         for m, p in zip(found, packed, strict=True):
             _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), p)
             m.forward = types.MethodType(_packed_forward, m)
