@@ -164,44 +164,46 @@ class TreeTable:
         fill[i][m] = max_{1 <= a <= m} reach[L][i] * best[L + 1][a] + fill[i + 1][m - a],  fill[i][0] = 0,
         best[L][m] = 1 + fill[0][m - 1].
     The root is level 0, so a tree of n drafted nodes has value best[0][n + 1].
+    Every depth limit runs at once (tree=auto searches during decoding): at step s each limit D > s works on
+    its level D - 1 - s, so a step is one batch of max-plus convolutions, [limits, m, a].
     """
 
     def __init__(self, reach: np.ndarray, max_nodes: int, max_depth: int):
         self.max_nodes, self.max_depth = max_nodes, max_depth
-        size = max_nodes + 2
+        size, ranks = max_nodes + 2, reach.shape[1]
+        limits = np.arange(1, max_depth + 1)  # [L]: the depth limits D
+        best = np.full((max_depth, size), -np.inf)  # [L, m]: each limit's best at its current level
+        best[:, 1] = 1.0  # each limit starts at its deepest level: leaves
+        # picks[D - 1, level, i, m]: the subtree size of the rank-i child when ranks >= i share m nodes
+        self._picks = np.zeros((max_depth, max_depth, ranks, size), dtype=np.int64)
+        for step in range(max_depth):
+            active = limits[step:]  # the limits with a level left: D > step
+            level = active - 1 - step  # [A]
+            rows = reach[np.minimum(level, reach.shape[0] - 1)]  # [A, K]
+            below = best[step:]  # [A, m]
+            finite = np.isfinite(below)
+            base = np.where(finite, below, 0.0)
+            # padded[:, size - 1 + j] = fill[j] and -inf before it, so that row m of its reversed windows reads
+            # fill[m - a] at column a, and -inf where a > m (nodes left for later ranks: m - a)
+            padded = np.full((active.size, 2 * size - 1), -np.inf)
+            padded[:, size - 1] = 0.0  # fill[0] = 0: no nodes left, nothing more to add
+            windows = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1)[:, :, ::-1]  # [A, m, a]
+            for i in range(ranks - 1, -1, -1):
+                # gain[a]: a child of rank i with a subtree of a nodes (0 * -inf would be nan)
+                gain = np.where(finite, rows[:, i: i + 1] * base, -np.inf)
+                gain[:, 0] = -np.inf
+                total = gain[:, None, :] + windows  # [A, m, a]
+                pick = total.argmax(2)  # [A, m]
+                new = np.take_along_axis(total, pick[:, :, None], 2)[:, :, 0]
+                new[:, 0] = 0.0
+                padded[:, size - 1:] = new
+                self._picks[active - 1, level, i] = pick
+            best[step:, 0] = -np.inf
+            best[step:, 1:] = 1.0 + padded[:, size - 1: 2 * size - 2]
         self.values = np.full((max_depth + 1, max_nodes + 1), -np.inf)  # values[D][n]
         self.values[:, 0] = 1.0
-        self._choices: dict[int, list[list[np.ndarray]]] = {}
+        self.values[1:, :] = best[:, 1:]  # n drafted nodes: the root plus n
         self._widths: dict[tuple[int, int], tuple[int, ...]] = {}
-        m = np.arange(size)
-        shift = m[:, None] - m[None, :]  # [m, a]: nodes left for later ranks
-        valid = shift >= 0
-        shift = np.clip(shift, 0, None)
-        ranks = reach.shape[1]
-        for depth in range(1, max_depth + 1):
-            best = np.full(size, -np.inf)
-            best[1] = 1.0  # the deepest level: leaves
-            choices: list[list[np.ndarray]] = [[] for _ in range(depth)]
-            for level in range(depth - 1, -1, -1):
-                row = reach[min(level, reach.shape[0] - 1)]
-                fill = np.full(size, -np.inf)
-                fill[0] = 0.0
-                picks = []
-                for i in range(ranks - 1, -1, -1):
-                    # gain[a]: a child of rank i with a subtree of a nodes (0 * -inf would be nan)
-                    gain = np.where(np.isfinite(best), row[i] * np.where(np.isfinite(best), best, 0.0), -np.inf)
-                    gain[0] = -np.inf
-                    total = np.where(valid, gain[None, :] + fill[shift], -np.inf)  # [m, a]
-                    pick = total.argmax(1)
-                    new = total[m, pick]
-                    new[0] = 0.0
-                    fill = new
-                    picks.append(pick)
-                choices[level] = picks[::-1]
-                best = np.full(size, -np.inf)
-                best[1:] = 1.0 + fill[:-1]
-            self._choices[depth] = choices
-            self.values[depth, :] = best[1:]  # n drafted nodes: the root plus n
 
     def value(self, n: int, depth: int) -> float:
         return float(self.values[depth, n])
@@ -209,7 +211,7 @@ class TreeTable:
     def sizes(self, n: int, depth: int) -> list[list[int]]:
         """The subtree sizes of the optimal tree's nodes, level by level, without building it: [[n + 1], the
         root's children's subtree sizes, ...]; each level's widths follow."""
-        choices = self._choices[depth]
+        choices = self._picks[depth - 1]
         levels, frontier = [[n + 1]], [n + 1]
         for level in range(depth):
             nxt = []
@@ -236,7 +238,7 @@ class TreeTable:
     def tree(self, n: int, depth: int) -> TokenTree:
         if n == 0:
             return TokenTree.chain(0)
-        choices, parents = self._choices[depth], []
+        choices, parents = self._picks[depth - 1], []
 
         def build(level: int, node: int, size: int) -> None:
             left, i, kids = size - 1, 0, []
@@ -287,19 +289,29 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
     best = TreeChoice(0, 0, 1.0, (plain_cost or target_cost)(pending, context) + overhead, ())
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
     # the curves read once per size (this search runs during decoding)
-    forward = [target_cost(pending + n, context) + overhead + per_node * n for n in range(table.max_nodes + 1)]
-    drafting = [0.0] + [draft_cost(w, context) for w in range(1, table.max_nodes + 1)] if draft_cost else None
-    for depth in range(1, top + 1):
-        for n in range(1, table.max_nodes + 1):
-            tokens = table.value(n, depth)
-            if not np.isfinite(tokens):
-                continue
-            widths = table.widths(n, depth)
-            if depth > 1 and len(widths) < depth:  # the same tree as under a smaller limit
-                continue
-            seconds = forward[n]
-            if drafting is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
-                seconds += drafting[1] + sum(drafting[w] for w in widths[:-1])
-            if tokens / seconds > best.tokens_per_second:
-                best = TreeChoice(n, depth, tokens, seconds, widths)
+    sizes = np.arange(table.max_nodes + 1)
+    forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + overhead + per_node * sizes
+    drafting = draft_cost.curve(table.max_nodes, context).tolist() if draft_cost else None
+    # tokens over the target's part alone bound a tree's speed from above: visit trees from the highest bound
+    # down and stop below the best found (depth limits, then sizes, in order among equal bounds)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bound = table.values[1: top + 1, 1:] / forward[None, 1:]  # [depth - 1, n - 1]
+    bound = np.where(np.isfinite(bound), bound, -np.inf).ravel()
+    for flat in np.argsort(-bound, kind="stable"):
+        if bound[flat] < best.tokens_per_second:
+            break
+        depth, n = divmod(int(flat), table.max_nodes)
+        depth, n = depth + 1, n + 1
+        widths = table.widths(n, depth)
+        if depth > 1 and len(widths) < depth:  # the same tree as under a smaller limit
+            continue
+        seconds = float(forward[n])
+        if drafting is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
+            seconds += drafting[1] + sum(drafting[w] for w in widths[:-1])
+        tokens = table.value(n, depth)
+        speed = tokens / seconds
+        # among equal speeds: no tree, then the smallest depth limit and size
+        if speed > best.tokens_per_second or (speed == best.tokens_per_second and best.nodes
+                                              and (depth, n) < (best.depth, best.nodes)):
+            best = TreeChoice(n, depth, tokens, seconds, widths)
     return best

@@ -28,7 +28,7 @@ import numpy as np
 
 from .api import generate
 from .bench.prompts import Prompt
-from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES
+from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES, replans
 from .models.base import LanguageModel
 from .models.cost import ForwardCost, forward_cost, padded_tokens
 from .params import parse_method, read_json
@@ -196,7 +196,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
                                 {"tree": "auto", "acceptance": prior, "overhead": work,
                                  "replacement": replacement}, auto_tree,
-                                auto_tokens, auto_seconds + _search_seconds(table), prefill))
+                                auto_tokens, auto_seconds + _search_seconds(table, target_cost, draft_cost, context,
+                                                                           max_new_tokens / auto_tokens),
+                                prefill))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
     # the best few, and always ar and the best chain: a plan is then never a tree that measured slower on
@@ -254,11 +256,14 @@ def _fit_overhead(samples: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, float(a)), float(b)
 
 
-def _search_seconds(table: TreeTable) -> float:
-    """tree=auto's search, timed once here, spread over the calls between searches (every 16)."""
+def _search_seconds(table: TreeTable, target_cost, draft_cost, context: int, calls: float) -> float:
+    """tree=auto's search (a table, then the fastest of its trees), timed once here, times the searches its
+    schedule makes in `calls` iterations, spread over them."""
     t0 = time.perf_counter()
-    TreeTable(reach_of(np.full((table.max_depth, 8), 0.3)), table.max_nodes, table.max_depth)
-    return (time.perf_counter() - t0) * 2 / 16  # the table, then the choice among its trees (about as long)
+    fresh = TreeTable(reach_of(np.full((table.max_depth, 8), 0.3)), table.max_nodes, table.max_depth)
+    fastest_tree(fresh, target_cost, draft_cost, context)
+    calls = max(1, round(calls))
+    return (time.perf_counter() - t0) * sum(replans(c) for c in range(1, calls + 1)) / calls
 
 
 def write_plan(result: TuneResult, path: str | Path, models: dict) -> Path:

@@ -15,7 +15,14 @@ from multispec.api import generate
 from multispec.check import check_method
 from multispec.models.cost import ForwardCost
 from multispec.models.markov import random_markov_pair
-from multispec.tree_search import TreeTable, fastest_tree, reach_of, record_verdict, tree_value
+from multispec.tree_search import (
+    TreeTable,
+    fastest_tree,
+    iteration_seconds,
+    reach_of,
+    record_verdict,
+    tree_value,
+)
 from multispec.trees import TokenTree, load_tree, tree_from_json
 from multispec.verify import recursive_rejection
 
@@ -166,6 +173,41 @@ def test_the_fastest_tree_follows_the_cost_curve():
     assert steep.nodes < 8
     useless = fastest_tree(TreeTable(reach_of(np.zeros((4, 4))), 8, 4), ForwardCost((1.0, 1.2)), None, 100)
     assert useless.nodes == 0  # drafting cannot pay: a plain step
+
+
+def _every_choice(table, target_cost, draft_cost, context, overhead, per_node):
+    """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does."""
+    for depth in range(1, table.max_depth + 1):
+        for n in range(1, table.max_nodes + 1):
+            if np.isfinite(table.value(n, depth)):
+                widths = table.widths(n, depth)
+                seconds = iteration_seconds(widths, target_cost, draft_cost, context, overhead + per_node * n)
+                yield table.value(n, depth) / seconds
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
+    rng = np.random.default_rng(seed)
+    table = TreeTable(reach_of(rng.uniform(0.0, 0.9, size=(3, 4))), 24, 5)
+    # a staircase curve with a cheap plateau (a compiled model's buckets) and a draft curve
+    target_cost = ForwardCost((tuple(0.01 * (1 + k // 4) + rng.uniform(0, 0.002) for k in range(1, 27)),
+                               tuple(0.02 * (1 + k // 4) for k in range(1, 27))), contexts=(128, 1024))
+    draft_cost = ForwardCost(tuple(0.001 + 0.0005 * k * rng.random() for k in range(1, 27)))
+    overhead, per_node = 0.001 * seed, 0.0002 * (seed % 3)
+    choice = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node)
+    plain = 1.0 / (target_cost(1, 500) + overhead)
+    best = max(plain, *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node))
+    assert choice.tokens_per_second == pytest.approx(best, rel=1e-12)
+    if choice.nodes:
+        assert choice.seconds == pytest.approx(iteration_seconds(choice.widths, target_cost, draft_cost, 500,
+                                                                 overhead + per_node * choice.nodes))
+
+
+def test_a_cost_curve_read_at_once_equals_its_points():
+    curve = ForwardCost(((0.010, 0.011, 0.012, 0.011, 0.020, 0.030), (0.014, 0.015, 0.017, 0.016, 0.026, 0.040)),
+                        contexts=(128, 1024), tokens=(1, 2, 3, 4, 8, 16), padded=16)
+    for context in (None, 64, 128, 700, 4000):
+        assert curve.curve(40, context).tolist() == [curve(k, context) for k in range(41)]
 
 
 # -- exactness on irregular and chosen trees -----------------------------------------------------

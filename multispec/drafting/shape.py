@@ -69,6 +69,7 @@ class AutoTree(Drafter):
         self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
         self._searched: tuple[float, int] | None = None  # (tries recorded, context length) at the last search
         self.searches = 0
+        self.search_seconds = 0.0
 
     def search(self, context: int, pending: int, room: int) -> None:
         """Find the fastest tree of depth at most `room` (the tokens left bound it)."""
@@ -117,6 +118,7 @@ class AutoTree(Drafter):
         if (replans(self.calls) and self._news(len(context))) or self.tree.max_depth > room:
             self.search(len(context), pending, room)
             searched = time.perf_counter() - now
+            self.search_seconds += searched
         tree = self.tree
         label = tree.describe() if tree.size else "none"
         self.used[label] = self.used.get(label, 0) + 1
@@ -141,6 +143,7 @@ class AutoTree(Drafter):
         return {
             "trees_used": dict(top),
             "tree_searches": self.searches,
+            "tree_search_seconds": self.search_seconds,
             "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .base import LanguageModel
@@ -62,17 +63,40 @@ class ForwardCost:
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
+        return self._between_contexts(self._at_contexts(k), context)
+
+    def curve(self, most: int, context: int | None = None) -> np.ndarray:
+        """[T(k, context) for k in 0..most] in one call (a tree search reads every size)."""
+        rows = _curve_rows(self, most)  # [contexts, most + 1]
+        return np.asarray(self._between_contexts(rows, context), dtype=np.float64)
+
+    def _at_contexts(self, k: int) -> list[float]:
+        """T(k) at each measured context."""
         if k <= self.padded:
             # the largest measured count in k's bucket (padding makes them cost the same)
             same = [t for t in self.tokens if t <= self.padded and bucket(t) == bucket(k)]
             k = max(same) if same else k
-        rows = [_extend(self.tokens, row, k) for row in self.seconds]
+        return [_extend(self.tokens, row, k) for row in self.seconds]
+
+    def _between_contexts(self, rows, context: int | None):
+        """Interpolate per-context costs `rows` (floats, or arrays over token counts) at `context`."""
         if context is None or len(rows) == 1:
             return rows[0]
         c = self.contexts
         i = max(0, min(len(c) - 2, sum(context > x for x in c[1:-1])))
         w = (context - c[i]) / (c[i + 1] - c[i])
-        return max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+        return np.maximum(rows[0], rows[i] + w * (rows[i + 1] - rows[i])) if isinstance(rows, np.ndarray) \
+            else max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+
+
+@functools.lru_cache(maxsize=64)
+def _curve_rows(cost: ForwardCost, most: int) -> np.ndarray:
+    """[contexts, most + 1]: T(k) at each measured context for k = 0..most (0 costs nothing)."""
+    rows = np.zeros((len(cost.seconds), most + 1))
+    for k in range(1, most + 1):
+        rows[:, k] = cost._at_contexts(k)
+    rows.setflags(write=False)
+    return rows
 
 
 def bucket(k: int) -> int:
