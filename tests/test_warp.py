@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 import torch
 
@@ -118,6 +120,26 @@ def test_draws_without_replacement_follow_the_sequential_law():
     assert chisquare(observed, wrong).pvalue < 1e-6
     with pytest.raises(ValueError, match="cannot draw 5 distinct indices from 4"):
         draw_without_replacement(w, 5, g)
+
+
+def test_a_third_draw_without_replacement_skips_both_earlier_ones_by_their_weight():
+    from scipy.stats import chisquare
+
+    from multispec.warp import draw_without_replacement
+
+    # the heaviest entries first, so a third draw's point usually has to step over both drawn entries
+    w = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.1], dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    n = 30_000
+    counts: dict[tuple[int, int, int], int] = {}
+    for _ in range(n):
+        key = tuple(draw_without_replacement(w, 3, g).tolist())
+        counts[key] = counts.get(key, 0) + 1
+    triples = [t for t in itertools.permutations(range(5), 3)]
+    assert set(counts) <= set(triples)
+    p = w.tolist()
+    expected = [n * p[i] * p[j] / (1 - p[i]) * p[k] / (1 - p[i] - p[j]) for i, j, k in triples]
+    assert chisquare([counts.get(t, 0) for t in triples], expected).pvalue > 1e-3
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])

@@ -121,7 +121,7 @@ class BeamDraft(ModelDrafter):
     def _pick(self, log_weights: torch.Tensor, rows: int = 1) -> torch.Tensor:
         """W flat (beam, token) indices of `log_weights` [rows * V]: the heaviest (deterministic, or greedy
         sampling), or drawn without replacement with weights softmax(log_weights); fewer when the support (the
-        finite entries) is smaller than W."""
+        entries of positive weight) is smaller than W."""
         if self.deterministic or self.setup.sampling.greedy:
             # the W heaviest of all rows x V are among each row's W heaviest: a top-k per row (rows in
             # parallel) and one over the rows' W, instead of a top-k and a support scan over all of them
@@ -132,10 +132,11 @@ class BeamDraft(ModelDrafter):
             best = torch.topk(values.reshape(-1), min(self.width, values.numel()))
             picks = best.indices.div(per_row, rounding_mode="floor") * vocab + index.reshape(-1)[best.indices]
             return picks[torch.isfinite(best.values)]
-        support = torch.isfinite(log_weights).nonzero().flatten()
-        k = min(self.width, support.numel())
-        weights = torch.softmax(log_weights[support], -1)
-        return support[draw_without_replacement(weights, k, self.setup.generator)]
+        # drawn over all rows x V at once: entries outside the support get weight 0 and are never drawn, and
+        # zeros leave the cumulative sums (so the draws) as they are over the support alone
+        weights = torch.softmax(log_weights, -1)
+        k = min(self.width, int(torch.count_nonzero(weights)))
+        return draw_without_replacement(weights, k, self.setup.generator)
 
 
 @dataclass
