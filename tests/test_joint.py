@@ -127,6 +127,8 @@ def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outsi
         assert sorted(picked.tolist()) == sorted(expected.tolist())
         assert picked.unique().numel() == picked.numel()
         assert torch.equal(weights[picked], weights[picked].sort(descending=True).values)  # heaviest first
+        # the same weights as probabilities (0 outside the support), as the joint warp hands them over
+        assert torch.equal(beams._pick(weights.exp(), rows, log=False), picked)
 
 
 def test_beam_sampling_of_width_one_is_ancestral_sampling_from_the_draft():
@@ -192,16 +194,23 @@ def test_the_joint_warp_is_mtads_eq_2_and_the_row_warp_the_authors_code():
     s = _session(target, draft, [0], sampling)
     score = torch.tensor([-0.2, -1.5, -0.9], dtype=torch.float64)
     logits = torch.randn(3, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    joint_w, _, joint_step = _beams(s, 3, warp="joint").extensions(score, logits)
-    rows_w, _, rows_step = _beams(s, 3, warp="rows").extensions(score, logits)
+    joint = _beams(s, 3, warp="joint").extensions(score, logits)
+    rows = _beams(s, 3, warp="rows").extensions(score, logits)
     eq2 = beam_distribution(score, torch.log_softmax(logits, -1), sampling)
-    assert torch.allclose(joint_w.exp(), eq2)  # top-k 3 over all 18 extensions: 3 survive
+    assert not joint.log and torch.allclose(joint.weights, eq2)  # top-k 3 over all 18 extensions: 3 survive
     per_row = score[:, None] + torch.log(sampling.probs(logits))
-    assert torch.allclose(torch.softmax(rows_w, -1), torch.softmax(per_row.reshape(-1), -1))  # 3 per row: 9
-    assert int(torch.isfinite(joint_w).sum()) == 3 and int(torch.isfinite(rows_w).sum()) == 9
-    # log q for a warped ratio: the warp's conditional of the token given its beam, finite where drawable
-    assert torch.isfinite(joint_step.reshape(-1)[torch.isfinite(joint_w)]).all()
-    assert torch.allclose(rows_step, torch.log(sampling.probs(logits)))
+    assert rows.log and torch.allclose(torch.softmax(rows.weights, -1), torch.softmax(per_row.reshape(-1), -1))
+    assert int((joint.weights > 0).sum()) == 3 and int(torch.isfinite(rows.weights).sum()) == 9  # 3 per row: 9
+    # log q for a warped ratio: the warp's conditional of the token given its beam (the beam distribution
+    # renormalised over the beam's extensions), finite where drawable; a beam score adds raw log q
+    drawable = (joint.weights > 0).nonzero().flatten()
+    beam_scores, steps = joint.at(drawable)
+    by_beam = eq2.view(3, 6)
+    for flat, beam_score, step in zip(drawable.tolist(), beam_scores, steps, strict=True):
+        b, v = divmod(flat, 6)
+        assert step == pytest.approx(math.log(by_beam[b, v] / by_beam[b].sum()))
+        assert beam_score == pytest.approx(score[b].item() + torch.log_softmax(logits, -1)[b, v].item())
+    assert torch.allclose(rows.step, torch.log(sampling.probs(logits)))
     assert get_method("mtad").params["beam_warp"].default == "joint"
     assert get_method("mjsd").params["beam_warp"].default == "rows"
 

@@ -7,6 +7,7 @@ Both own the draft model's cache like the other model drafters (`multispec.draft
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,35 @@ from .base import Proposal, Setup
 from .model import ModelDrafter
 
 BEAM_WARPS = ("joint", "rows")
+
+
+class Extensions(NamedTuple):
+    """The W x V extensions (beam b, token v) of one beam step, flat index b * V + v.
+
+    weights: [B * V] what the pick weighs them by: log-weights, -inf outside the warped support (`log`), or
+             probabilities, 0 outside it (the joint warp's beam distribution, drawn from as it is);
+    score:   [B] the beams' scores; an extension's beam score is score[b] + measure[b, v];
+    measure: [B, V] the per-token term of the beam score (raw log q, or the row warp's log-conditional);
+    step:    [B, V] the extension's step of log q for the ratio, or None: the beam distribution renormalised
+             over the parent's extensions, weights[b, v] / mass[b], read only at the picks;
+    mass:    [B] each parent's share of the beam distribution (with step None)."""
+    weights: torch.Tensor
+    log: bool
+    score: torch.Tensor
+    measure: torch.Tensor
+    step: torch.Tensor | None
+    mass: torch.Tensor | None = None
+
+    def at(self, picks: torch.Tensor) -> tuple[list[float], list[float]]:
+        """The picked extensions' beam scores and steps of log q, read in one gather each."""
+        vocab = self.measure.shape[-1]
+        beam, token = picks.div(vocab, rounding_mode="floor"), picks.remainder(vocab)
+        score = (self.score[beam] + self.measure[beam, token]).tolist()
+        if self.step is not None:
+            return score, self.step[beam, token].tolist()
+        mass = self.mass[beam]
+        return score, torch.log(torch.where(mass > 0, self.weights[picks] / mass.clamp_min(1e-300),
+                                            torch.zeros_like(mass))).tolist()
 
 
 class BeamDraft(ModelDrafter):
@@ -66,13 +96,11 @@ class BeamDraft(ModelDrafter):
         for depth in range(1, g + 1):
             score = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
             base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
-            weights, joint, step = self.extensions(score.to(logits.device), logits)
-            picks = self._pick(weights, len(beams))
+            ext = self.extensions(score.to(logits.device), logits)
+            picks = self._pick(ext.weights, len(beams), ext.log)
             start = len(tokens)
-            vocab = joint.shape[-1]
-            # the picks' entries read in one gather each (not two tensor reads per pick); a Python float sum
-            # is the same float64 sum as the tensors'
-            picked_score, picked_step = joint.reshape(-1)[picks].tolist(), step.reshape(-1)[picks].tolist()
+            vocab = logits.shape[-1]
+            picked_score, picked_step = ext.at(picks)
             base = base_q.tolist()
             for flat, beam_score, step_q in zip(picks.tolist(), picked_score, picked_step, strict=True):
                 b, v = divmod(flat, vocab)
@@ -98,43 +126,39 @@ class BeamDraft(ModelDrafter):
         logq = torch.tensor([logq_of[n] for n in path], dtype=torch.float64, device=device)
         return Proposal(TokenTree.chain(g), chain, torch.empty(0, self.setup.vocab_size, device=device), logq=logq)
 
-    def extensions(self, score: torch.Tensor, logits: torch.Tensor):
-        """For beams with `score` [B] and draft `logits` [B, V]: (log-weights of the W x V extensions [B * V],
-        -inf outside the warped support; each extension's beam score [B, V]; its step of log q [B, V])."""
+    def extensions(self, score: torch.Tensor, logits: torch.Tensor) -> Extensions:
+        """The W x V extensions of beams with `score` [B] by draft `logits` [B, V] (see `Extensions`)."""
         logp = torch.log_softmax(logits.double(), -1)
         sampling = self.setup.sampling
         if sampling.greedy:
-            joint = score[:, None] + logp
-            return joint.reshape(-1), joint, logp
+            return Extensions((score[:, None] + logp).reshape(-1), True, score, logp, logp)
         if self.warp == "rows":
             cond = torch.log(sampling.probs(logits).double())
-            joint = score[:, None] + cond
-            return joint.reshape(-1), joint, cond if self.ratio == "warped" else logp
-        joint = score[:, None] + logp
-        weights = beam_distribution(score, logp, sampling).reshape(joint.shape)
+            return Extensions((score[:, None] + cond).reshape(-1), True, score, cond,
+                              cond if self.ratio == "warped" else logp)
+        weights = beam_distribution(score, logp, sampling)  # [B * V] probabilities, 0 outside the warped support
         if self.ratio == "raw":
-            return torch.log(weights).reshape(-1), joint, logp
-        mass = weights.sum(-1, keepdim=True)
-        step = torch.log(torch.where(mass > 0, weights / mass.clamp_min(1e-300), torch.zeros_like(weights)))
-        return torch.log(weights).reshape(-1), joint, step
+            return Extensions(weights, False, score, logp, logp)
+        return Extensions(weights, False, score, logp, None, weights.view(logp.shape).sum(-1))
 
-    def _pick(self, log_weights: torch.Tensor, rows: int = 1) -> torch.Tensor:
-        """W flat (beam, token) indices of `log_weights` [rows * V]: the heaviest (deterministic, or greedy
-        sampling), or drawn without replacement with weights softmax(log_weights); fewer when the support (the
-        entries of positive weight) is smaller than W."""
+    def _pick(self, weights: torch.Tensor, rows: int = 1, log: bool = True) -> torch.Tensor:
+        """W flat (beam, token) indices of `weights` [rows * V] (log-weights, -inf outside the support, or with
+        `log=False` probabilities, 0 outside it): the heaviest (deterministic, or greedy sampling), or drawn
+        without replacement in proportion to the weights; fewer when the support is smaller than W."""
         if self.deterministic or self.setup.sampling.greedy:
             # the W heaviest of all rows x V are among each row's W heaviest: a top-k per row (rows in
             # parallel) and one over the rows' W, instead of a top-k and a support scan over all of them
-            by_row = log_weights.view(rows, -1)
+            by_row = weights.view(rows, -1)
             vocab = by_row.shape[-1]
             per_row = min(self.width, vocab)
             values, index = torch.topk(by_row, per_row, dim=-1)  # [rows, per_row]
             best = torch.topk(values.reshape(-1), min(self.width, values.numel()))
             picks = best.indices.div(per_row, rounding_mode="floor") * vocab + index.reshape(-1)[best.indices]
-            return picks[torch.isfinite(best.values)]
-        # drawn over all rows x V at once: entries outside the support get weight 0 and are never drawn, and
+            return picks[torch.isfinite(best.values) if log else best.values > 0]
+        # drawn over all rows x V at once: entries outside the support have weight 0 and are never drawn, and
         # zeros leave the cumulative sums (so the draws) as they are over the support alone
-        weights = torch.softmax(log_weights, -1)
+        if log:
+            weights = torch.softmax(weights, -1)
         k = min(self.width, int(torch.count_nonzero(weights)))
         return draw_without_replacement(weights, k, self.setup.generator)
 
