@@ -174,24 +174,6 @@ def _few_numpy_rows(rows: torch.Tensor) -> bool:
             and 0 < rows.shape[0] <= NUMPY_ROWS and rows.shape[-1] > 0)
 
 
-def _draw_numpy(rows: np.ndarray, cdf: np.ndarray, generator: torch.Generator | None, samples: int) -> np.ndarray:
-    """`categorical` on weights [n, V] with their float64 cumulative sums [n, V]: [n, samples] indices."""
-    n, vocab = rows.shape
-    total = cdf[:, -1]
-    if not (np.isfinite(total).all() and (total > 0).all()):
-        raise ValueError("cannot draw from weights that are not finite or sum to zero")
-    point = torch.rand(n, samples, generator=generator, dtype=torch.float64).numpy() * total[:, None]
-    index = np.empty((n, samples), dtype=np.int64)
-    for r in range(n):  # right: the first token whose cumulative weight exceeds the point, of weight > 0
-        index[r] = np.searchsorted(cdf[r], point[r], side="right")
-    np.minimum(index, vocab - 1, out=index)
-    zero = ~(np.take_along_axis(rows, index, -1) > 0)
-    if zero.any():  # u * total rounded up to the total: take the last token of weight > 0
-        last = vocab - 1 - np.argmax((rows > 0)[:, ::-1], -1)
-        index = np.where(zero, last[:, None], index)
-    return index
-
-
 def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator | None = None):
     """Up to k indices per row of `weights` [n, V], drawn one after another without replacement, each from the
     weights the row has left, in draw order: the law of `torch.multinomial(weights, k, replacement=False)`,
@@ -242,20 +224,17 @@ def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator 
                 continue
             point = uniform[r] * (total[r] - taken[r])
             index = _invert(held[r], cdf[r], point)
-            if j == 0:  # nothing drawn yet: the row as it is
-                columns[r, j], alive[r, j] = index, True
-                taken[r] += held[r, index]
-                continue
-            drawn, drawn_weight, shift = columns[r, :j], held[r, columns[r, :j]], 0.0
-            while True:
-                new = float(drawn_weight[drawn <= index].sum())
-                if new == shift:
-                    break
-                shift, index = new, _invert(held[r], cdf[r], point + new)
-            if held[r, index] <= 0 or (drawn == index).any():  # a rounding boundary: draw from the row as left
-                left = held[r].copy()
-                left[drawn] = 0.0
-                index = _invert(left, np.cumsum(left), uniform[r] * left.sum())
+            if j:  # step over the drawn entries at or before the index
+                drawn, drawn_weight, shift = columns[r, :j], held[r, columns[r, :j]], 0.0
+                while True:
+                    new = float(drawn_weight[drawn <= index].sum())
+                    if new == shift:
+                        break
+                    shift, index = new, _invert(held[r], cdf[r], point + new)
+                if (drawn == index).any():  # a rounding boundary: draw from the row as left
+                    left = held[r].copy()
+                    left[drawn] = 0.0
+                    index = _invert(left, np.cumsum(left), uniform[r] * left.sum())
             columns[r, j] = index
             alive[r, j] = True
             taken[r] += held[r, index]

@@ -63,12 +63,11 @@ class ForwardCost:
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
-        return self._between_contexts(self._at_contexts(k), context)
+        return float(self._between_contexts(np.array(self._at_contexts(k)), context))
 
     def curve(self, most: int, context: int | None = None) -> np.ndarray:
         """[T(k, context) for k in 0..most] in one call (a tree search reads every size)."""
-        rows = _curve_rows(self, most)  # [contexts, most + 1]
-        return np.asarray(self._between_contexts(rows, context), dtype=np.float64)
+        return self._between_contexts(_curve_rows(self, most), context)
 
     def _at_contexts(self, k: int) -> list[float]:
         """T(k) at each measured context."""
@@ -78,15 +77,14 @@ class ForwardCost:
             k = max(same) if same else k
         return [_extend(self.tokens, row, k) for row in self.seconds]
 
-    def _between_contexts(self, rows, context: int | None):
-        """Interpolate per-context costs `rows` (floats, or arrays over token counts) at `context`."""
+    def _between_contexts(self, rows: np.ndarray, context: int | None) -> np.ndarray:
+        """Interpolate per-context costs `rows` [contexts, ...] at `context`."""
         if context is None or len(rows) == 1:
             return rows[0]
         c = self.contexts
         i = max(0, min(len(c) - 2, sum(context > x for x in c[1:-1])))
         w = (context - c[i]) / (c[i + 1] - c[i])
-        return np.maximum(rows[0], rows[i] + w * (rows[i + 1] - rows[i])) if isinstance(rows, np.ndarray) \
-            else max(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+        return np.maximum(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
 
 
 @functools.lru_cache(maxsize=64)
