@@ -88,8 +88,16 @@ def run(args) -> None:
                                                   "replacement": False})
         else:
             methods["mcsd:tree=auto"] = (auto, {})
+            if args.unscaled_auto:  # the same, priced as before session 39: no factors, a plain step's work as A
+                params = dict(item.split("=", 1) for item in auto.split(":", 1)[1].split(","))
+                params.pop("factors", None)
+                a, b = params["overhead"].split("/")[:2]
+                params["overhead"] = f"{a}/{b}/{a}"
+                methods["mcsd:tree=auto,unscaled"] = ("mcsd:" + ",".join(f"{k}={v}" for k, v in params.items()), {})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
         methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
+        if args.methods:
+            methods = {k: v for k, v in methods.items() if k in args.methods}
         # prompt by prompt, every method on each: a drift of the host's speed (here +-20 % over minutes) then
         # falls on all methods alike instead of on whichever ran during it
         for i, p in enumerate(held_out):
@@ -137,8 +145,8 @@ def summarise(args) -> None:
         return sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
 
     lines = ["## Tokens/s on the held-out half (sum of tokens / sum of seconds)", "",
-             "| combo | " + " | ".join(methods) + " | auto / best fixed | plan / best fixed | plan / ar |",
-             "|---" * (len(methods) + 4) + "|"]
+             "| combo | " + " | ".join(methods) + " | auto / best fixed | auto / ar | plan / best fixed | plan / ar |",
+             "|---" * (len(methods) + 5) + "|"]
     be_lines = ["## Block efficiency on the held-out half (tokens per target call), optimal vs k-config of the "
                 "same node count", "", "| combo | nodes | k-config | measured k-config | optimal tree | measured "
                 "optimal | predicted k-config | predicted optimal |", "|---|---|---|---|---|---|---|---|"]
@@ -157,8 +165,10 @@ def summarise(args) -> None:
         def ratio(a, b):
             return f"{a / b:.2f}" if a and b else "-"
 
-        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {ratio(vals.get('mcsd:tree=auto'), best_fixed)} | "
-                     f"{ratio(vals.get('plan'), best_fixed)} | {ratio(vals.get('plan'), vals.get('ar'))} |")
+        auto = vals.get("mcsd:tree=auto")
+        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {ratio(auto, best_fixed)} | "
+                     f"{ratio(auto, vals.get('ar'))} | {ratio(vals.get('plan'), best_fixed)} | "
+                     f"{ratio(vals.get('plan'), vals.get('ar'))} |")
         for m in methods:
             if not m.startswith("mcsd:optimal-"):
                 continue
@@ -211,6 +221,9 @@ def main() -> None:
     p.add_argument("--only", nargs="+", default=None, help="only the combos whose names start so (e.g. qa-T0)")
     p.add_argument("--compile", action="store_true", help="compiled forwards for our methods (hf stays as it ships)")
     p.add_argument("--adapt", action="store_true", help="tree=auto follows the call's clock (adapt=true)")
+    p.add_argument("--methods", nargs="+", default=None, help="only these rows' labels (e.g. ar sd:gamma=1 plan)")
+    p.add_argument("--unscaled-auto", action="store_true",
+                   help="also tree=auto priced as before session 39 (no factors; a plain step's work = a drafting one's)")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

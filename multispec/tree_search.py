@@ -282,20 +282,31 @@ def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost 
 
 def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
                  overhead: float = 0.0, max_depth: int | None = None, pending: int = 1, per_node: float = 0.0,
-                 plain_cost: ForwardCost | None = None) -> TreeChoice:
+                 plain_cost: ForwardCost | None = None, chain_cost: ForwardCost | None = None,
+                 chain_draft_cost: ForwardCost | None = None, plain_overhead: float | None = None) -> TreeChoice:
     """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
-    Per-iteration work besides forwards: `overhead` + `per_node` x nodes; `plain_cost`: the target's forward
-    without a tree (default `target_cost`), when a tree's masked forward costs differently."""
-    best = TreeChoice(0, 0, 1.0, (plain_cost or target_cost)(pending, context) + overhead, ())
+    Each kind of iteration is priced as it runs: a tree by `target_cost` and `draft_cost`, with per-iteration
+    work `overhead` + `per_node` x nodes; a chain (one child per node, which the engine scores without a mask)
+    by `chain_cost` and `chain_draft_cost` (default the tree's); a plain step by `plain_cost` (default
+    `chain_cost`) and `plain_overhead` (default `overhead`)."""
+    chain_cost = chain_cost or target_cost
+    chain_draft_cost = chain_draft_cost or draft_cost
+    plain_overhead = overhead if plain_overhead is None else plain_overhead
+    best = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead, ())
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
     # the curves read once per size (this search runs during decoding)
     sizes = np.arange(table.max_nodes + 1)
-    forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + overhead + per_node * sizes
+    work = overhead + per_node * sizes
+    forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + work
+    chained = forward if chain_cost is target_cost else chain_cost.curve(pending + table.max_nodes, context)[pending:] + work
     drafting = draft_cost.curve(table.max_nodes, context).tolist() if draft_cost else None
-    # tokens over the target's part alone bound a tree's speed from above: visit trees from the highest bound
-    # down and stop below the best found (depth limits, then sizes, in order among equal bounds)
+    chain_drafting = (drafting if chain_draft_cost is draft_cost
+                      else chain_draft_cost.curve(1, context).tolist() if chain_draft_cost else None)
+    # tokens over the target's part alone bound a tree's speed from above (a chain's over the cheaper of the
+    # two forwards): visit trees from the highest bound down and stop below the best found (depth limits,
+    # then sizes, in order among equal bounds)
     with np.errstate(invalid="ignore", divide="ignore"):
-        bound = table.values[1: top + 1, 1:] / forward[None, 1:]  # [depth - 1, n - 1]
+        bound = table.values[1: top + 1, 1:] / np.minimum(forward, chained)[None, 1:]  # [depth - 1, n - 1]
     bound = np.where(np.isfinite(bound), bound, -np.inf).ravel()
     for flat in np.argsort(-bound, kind="stable"):
         if bound[flat] < best.tokens_per_second:
@@ -305,9 +316,11 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
         widths = table.widths(n, depth)
         if depth > 1 and len(widths) < depth:  # the same tree as under a smaller limit
             continue
-        seconds = float(forward[n])
-        if drafting is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
-            seconds += drafting[1] + sum(drafting[w] for w in widths[:-1])
+        chain = len(widths) == n
+        seconds = float((chained if chain else forward)[n])
+        levels = chain_drafting if chain else drafting
+        if levels is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
+            seconds += levels[1] + sum(levels[w] for w in widths[:-1])
         tokens = table.value(n, depth)
         speed = tokens / seconds
         # among equal speeds: no tree, then the smallest depth limit and size

@@ -180,21 +180,26 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
                                     seconds(best), prefill))
     choice = fastest_tree(table, target_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
-                          context, overhead[0], per_node=overhead[1],
-                          plain_cost=target_cost.scaled(ar_factor))
+                          context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
+                          chain_cost=target_cost.scaled(factors["chain"][0]),
+                          chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead)
     fastest = table.tree(choice.nodes, choice.depth)
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
-    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}"  # milliseconds, what tree=auto's overhead reads
+    # milliseconds, as tree=auto's overhead reads them; its factors, as it prices each kind of iteration
+    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}/{ar_overhead * 1000:.3f}"
+    scale = "/".join(f"{x:.3f}" for x in (ar_factor, factors["chain"][0], factors["tree"][0], factors["chain"][1],
+                                         factors["tree"][1]))
     # tree=auto follows the same choice: the fastest tree, or (after its first one-node tries) no drafting at all,
     # an iteration of one plain target step priced as the controller prices it
     auto_tree, auto_tokens, auto_seconds = ((fastest, tree_value(fastest, reach), seconds(fastest)) if fastest.size
                                             else (None, 1.0, choice.seconds))
-    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
-                                {"tree": "auto", "acceptance": prior, "overhead": work,
+    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},factors={scale},"
+                                "replacement=false", "mcsd",
+                                {"tree": "auto", "acceptance": prior, "overhead": work, "factors": scale,
                                  "replacement": replacement}, auto_tree,
                                 auto_tokens, auto_seconds + _search_seconds(table, target_cost, draft_cost, context,
                                                                            max_new_tokens / auto_tokens),

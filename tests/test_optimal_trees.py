@@ -175,13 +175,16 @@ def test_the_fastest_tree_follows_the_cost_curve():
     assert useless.nodes == 0  # drafting cannot pay: a plain step
 
 
-def _every_choice(table, target_cost, draft_cost, context, overhead, per_node):
-    """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does."""
+def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, chain_cost=None, chain_draft=None):
+    """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does: a
+    chain on `chain_cost` and `chain_draft` where given."""
     for depth in range(1, table.max_depth + 1):
         for n in range(1, table.max_nodes + 1):
             if np.isfinite(table.value(n, depth)):
                 widths = table.widths(n, depth)
-                seconds = iteration_seconds(widths, target_cost, draft_cost, context, overhead + per_node * n)
+                chain = len(widths) == n
+                seconds = iteration_seconds(widths, (chain and chain_cost) or target_cost,
+                                            (chain and chain_draft) or draft_cost, context, overhead + per_node * n)
                 yield table.value(n, depth) / seconds
 
 
@@ -201,6 +204,27 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
     if choice.nodes:
         assert choice.seconds == pytest.approx(iteration_seconds(choice.widths, target_cost, draft_cost, 500,
                                                                  overhead + per_node * choice.nodes))
+    # each kind priced as it runs: chains on a cheaper (causal) curve and their own draft factor, a plain step
+    # with its own work
+    chain_cost, chain_draft = target_cost.scaled(rng.uniform(0.6, 1.0)), draft_cost.scaled(rng.uniform(0.5, 1.5))
+    plain_cost, plain_overhead = target_cost.scaled(rng.uniform(0.7, 1.1)), 0.0005 * seed
+    kinds = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
+                         chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead)
+    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
+               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft))
+    assert kinds.tokens_per_second == pytest.approx(best, rel=1e-12)
+
+
+def test_a_chain_is_priced_on_the_causal_curve_and_a_plain_step_with_its_own_work():
+    # one rank-0 child accepted half the time: a one-node chain gives 1.5 tokens per call
+    table = TreeTable(reach_of(np.array([[0.5, 0.0], [0.0, 0.0]])), 4, 2)
+    causal, masked = ForwardCost((1.0, 1.05, 1.1, 1.2, 1.3)), ForwardCost((1.0, 1.6, 1.7, 1.8, 1.9))
+    assert fastest_tree(table, masked, None, 100).nodes == 0  # a masked 2-token forward does not pay
+    chosen = fastest_tree(table, masked, None, 100, chain_cost=causal)
+    assert (chosen.nodes, chosen.seconds) == (1, pytest.approx(1.05))
+    # drafting's work besides forwards against a plain step's: 0.6 s more per drafting iteration tips it
+    assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0).nodes == 0
+    assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal).nodes == 1  # the same work for both
 
 
 def test_a_cost_curve_read_at_once_equals_its_points():
@@ -243,12 +267,24 @@ def test_tree_auto_reports_its_choices_and_is_reproducible():
     assert runs[0].stats["trees_used"] == runs[1].stats["trees_used"] == runs[2].stats["trees_used"]
     stats = runs[0].stats
     assert sum(stats["trees_used"].values()) >= 1 and stats["predicted_tokens_per_second"] > 0
-    assert stats["iteration_overhead_seconds"] == {"per_iteration": 0.0003, "per_node": 0.00001, "measured": False}
+    assert stats["iteration_overhead_seconds"] == {"per_iteration": 0.0003, "per_node": 0.00001,
+                                                   "plain_step": 0.0003, "measured": False}
+    assert stats["forward_factors"]["plain"] == {"target": 1.0}
     adapted = generate(target, draft, [1], method="specinfer:tree=auto,adapt=true", max_new_tokens=30, seed=4).stats
     assert adapted["iteration_overhead_seconds"]["measured"] and adapted["iteration_overhead_seconds"]["per_iteration"] > 0
-    for bad in ("-1", "1/2/3", "x", "nan"):
+    for bad in ("-1", "1/2/3/4", "x", "nan"):
         with pytest.raises(ValueError, match="overhead must be milliseconds"):
             generate(target, draft, [1], method="mcsd", tree="auto", overhead=bad, max_new_tokens=3)
+    for bad in ("1/1", "1/1/1/1", "0/1/1", "1/x/1"):
+        with pytest.raises(ValueError, match="factors must be"):
+            generate(target, draft, [1], method="mcsd", tree="auto", factors=bad, max_new_tokens=3)
+    with pytest.raises(ValueError, match="factors is a parameter of tree=auto"):
+        generate(target, draft, [1], method="mcsd", factors="1/1/1", max_new_tokens=3)
+    tuned = generate(target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2,factors=0.9/1.1/1.2/0.8/1.3",
+                     max_new_tokens=10, seed=4).stats
+    assert tuned["iteration_overhead_seconds"]["plain_step"] == pytest.approx(0.0002)
+    assert tuned["forward_factors"] == {"plain": {"target": 0.9}, "chain": {"target": 1.1, "draft": 0.8},
+                                        "tree": {"target": 1.2, "draft": 1.3}}
     with pytest.raises(ValueError, match="adapt is a parameter of tree=auto"):
         generate(target, draft, [1], method="mcsd", adapt=True, max_new_tokens=3)
     with pytest.raises(ValueError, match="acceptance is a parameter of tree=auto"):
@@ -301,6 +337,13 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert result.ranks.tries[0, 0] > 0 and all(c.predicted_tokens_per_second > 0 for c in result.candidates)
     labels = {c.label.split(":")[0].split(",")[0] for c in result.candidates}
     assert {"ar", "sd", "mcsd"} <= labels and any("tree=auto" in c.label for c in result.candidates)
+    # tree=auto is offered with what tune measured, as it prices each kind of iteration
+    auto = next(c for c in result.candidates if "tree=auto" in c.label)
+    factors = result.probe["forward_factors"]
+    assert auto.params["factors"] == "/".join(f"{x:.3f}" for x in (factors["ar"], *factors["chain"][:1],
+                                                                   factors["tree"][0], factors["chain"][1],
+                                                                   factors["tree"][1]))
+    assert auto.params["overhead"].split("/")[2] == f"{result.ar_overhead * 1000:.3f}"
     path = write_plan(result, tmp_path / "plan.json", {"target": target.name, "draft": draft.name})
     plan = load_plan(path)
     assert plan.data["evidence"]["candidates"] and plan.spec.startswith(result.chosen.method)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 
 from ..drafting import Drafter, make_drafter
-from ..drafting.shape import OVERHEAD_PRIOR, AutoTree
+from ..drafting.shape import OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR, AutoTree, Factors
 from ..engine import Entries, ModelRunner, Session
 from ..models.cost import forward_cost
 from ..tree_search import RankAcceptance, record_verdict
@@ -114,7 +114,7 @@ def node_rule(verifier: str, replacement: bool):
 
 
 def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
-                replacement: bool, tree_attention: bool, verifier: str, drafter: str, min_ngram: int,
+                factors: str | None, replacement: bool, tree_attention: bool, verifier: str, drafter: str, min_ngram: int,
                 max_ngram: int) -> None:
     if not tree_attention and drafter != "model":
         raise ValueError("tree_attention=false (one cache row per path) needs drafter=model: copied branches "
@@ -122,13 +122,13 @@ def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, adap
     if not tree_attention and tree is not None:
         raise ValueError("tree_attention=false (one cache row per path) takes k-config trees only: every leaf "
                          "must be at one depth")
-    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead), replacement,
+    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead, factors), replacement,
                  node_rule(verifier, replacement), drafter, min_ngram, max_ngram, tree_attention)
 
 
 def decode_specinfer(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
-                     replacement: bool, drafter: str, min_ngram: int, max_ngram: int) -> None:
-    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead), replacement,
+                     factors: str | None, replacement: bool, drafter: str, min_ngram: int, max_ngram: int) -> None:
+    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead, factors), replacement,
                  node_rule("mcss", replacement), drafter, min_ngram, max_ngram)
 
 
@@ -137,12 +137,13 @@ class AutoSettings(NamedTuple):
     acceptance: str | None
     adapt: bool
     overhead: str | None
+    factors: str | None
 
 
 def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, replacement: bool, rule,
                  drafter: str, min_ngram: int, max_ngram: int, tree_attention: bool = True) -> None:
     if tree != "auto":
-        for name, value, unset in zip(AutoSettings._fields, auto_settings, (None, False, None), strict=True):
+        for name, value, unset in zip(AutoSettings._fields, auto_settings, (None, False, None, None), strict=True):
             if value != unset:
                 raise ValueError(f"{name} is a parameter of tree=auto; it needs tree=auto")
     proposer = make_drafter(drafter, s, tree=True, replacement=replacement, min_ngram=min_ngram, max_ngram=max_ngram)
@@ -153,11 +154,14 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
     if drafter != "model":
         raise ValueError("tree=auto needs drafter=model: it shapes the draft model's tree from its acceptance")
     draft = s.draft_model
+    factors = parse_factors(auto_settings.factors)
+    # measured factors (tune's) scale the causal curve for trees too, as tune measured them; without them a
+    # tree is priced on the masked forward's own curve
     auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
                     forward_cost(draft), s.forward_seconds,
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
-                    tree_cost=forward_cost(s.target_model, masked=True),
-                    overhead=parse_overhead(auto_settings.overhead), adapt=auto_settings.adapt,
+                    tree_cost=forward_cost(s.target_model, masked=factors is None),
+                    overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,
                     one_time=s.one_time_seconds)
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
@@ -190,17 +194,42 @@ def parse_acceptance(text: str | None) -> list[float] | None:
     return rates
 
 
-def parse_overhead(text: str | None) -> tuple[float, float]:
-    """'3.5' or '3.5/0.1' (milliseconds per iteration / per node) -> seconds (per iteration, per node)."""
-    if text is None:
-        return OVERHEAD_PRIOR, 0.0
+def _numbers(text) -> list[float]:
     try:
-        values = [float(x) for x in str(text).replace(",", "/").split("/")]
+        return [float(x) for x in str(text).replace(",", "/").split("/")]
     except ValueError:
-        values = []
-    if len(values) not in (1, 2) or any(not (v >= 0 and v < float("inf")) for v in values):
-        raise ValueError(f"overhead must be milliseconds 'A' or 'A/B' (per iteration / per node, >= 0), got {text!r}")
-    return values[0] / 1000, (values[1] if len(values) == 2 else 0.0) / 1000
+        return []
+
+
+def parse_overhead(text: str | None) -> tuple[float, float, float]:
+    """'A', 'A/B' or 'A/B/C' (milliseconds per drafting iteration / per node / per plain step) -> seconds.
+    Without C a plain step's work is the prior's, at most A."""
+    if text is None:
+        return OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR
+    values = _numbers(text)
+    if len(values) not in (1, 2, 3) or any(not (v >= 0 and v < float("inf")) for v in values):
+        raise ValueError("overhead must be milliseconds 'A', 'A/B' or 'A/B/C' (per drafting iteration / per node / "
+                         f"per plain step, >= 0), got {text!r}")
+    per_node = values[1] if len(values) > 1 else 0.0
+    plain = values[2] / 1000 if len(values) == 3 else min(values[0] / 1000, PLAIN_OVERHEAD_PRIOR)
+    return values[0] / 1000, per_node / 1000, plain
+
+
+def parse_factors(text: str | None) -> Factors | None:
+    """'P/C/T' or 'P/C/T/CD/TD' -> `Factors` (the target in a plain step, a chain, a tree; the draft in a chain,
+    a tree)."""
+    if text is None:
+        return None
+    values = _numbers(text)
+    if len(values) not in (3, 5) or any(not (0.05 <= v <= 20) for v in values):
+        raise ValueError("factors must be 'P/C/T' or 'P/C/T/CD/TD', measured over calibrated forward seconds in "
+                         f"[0.05, 20], got {text!r}")
+    return Factors(*values)
+
+
+def _check_factors(value) -> bool:
+    parse_factors(value)
+    return True
 
 
 def _check_overhead(value) -> bool:
@@ -230,9 +259,14 @@ ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '
 ADAPT = Param(bool, False, rule="true or false",
               help="tree=auto: also follow this call's measured forward and per-iteration times (the same law, "
                    "but the same seed may then give other tokens)")
-OVERHEAD = Param(str, None, _check_overhead, "milliseconds 'A' or 'A/B', e.g. 3.5/0.05",
-                 "tree=auto's per-iteration work besides forwards, A ms + B ms per node (default "
-                 f"{OVERHEAD_PRIOR * 1000:g}/0; multispec tune writes the measured one into plan files)")
+OVERHEAD = Param(str, None, _check_overhead, "milliseconds 'A', 'A/B' or 'A/B/C', e.g. 1.5/0.05/0.4",
+                 "tree=auto's work besides forwards: A ms per drafting iteration + B ms per node, C ms per plain "
+                 f"step (default {OVERHEAD_PRIOR * 1000:g}/0/{PLAIN_OVERHEAD_PRIOR * 1000:g}; without C, "
+                 f"min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); multispec tune writes the measured ones into plan files)")
+FACTORS = Param(str, None, _check_factors, "'P/C/T' or 'P/C/T/CD/TD', e.g. 0.9/1.05/1.1/0.8/1.0",
+                "tree=auto's measured over calibrated forward seconds: the target in a plain step, a chain and a "
+                "tree, the draft in a chain and a tree (default 1; given, trees are priced on the causal curve times "
+                "T, else on the masked forward's curve; multispec tune writes them into plan files)")
 
 
 def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int,
@@ -262,7 +296,7 @@ register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distr
                 summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
                 params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
                                                    "the root, 2 of each"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD, "factors": FACTORS,
                         "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
                                                                 "replacement in draw order (Algorithm 2)"),
                         "tree_attention": Param(bool, True, rule="true or false",
@@ -275,6 +309,6 @@ register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals a
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
                                                    "each depth"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD, "factors": FACTORS,
                         "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))

@@ -1,6 +1,7 @@
 """`tree=auto`: the tree, chain or nothing that promises the most tokens per second, chosen each iteration from
 the acceptance by sibling rank measured so far in the call (`multispec.tree_search`), the machine's forward
-costs (a tree's forward through an explicit mask has its own curve) and the per-iteration work.
+costs and the work besides forwards, each priced by the kind of iteration it would be: a plain target step, a
+chain (which the engine scores causally) or a tree (through an explicit mask, which has its own curve).
 
 The choice depends only on past verdicts, never on this iteration's, so the method's law is unchanged. Its
 inputs are the seed's verdicts and the curves cached per machine, so the same seed gives the same tokens;
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..models.cost import ForwardCost
 from ..tree_search import RankAcceptance, TreeChoice, fastest_tree, iteration_seconds, table_for
@@ -22,7 +24,9 @@ from .model import DraftTree
 AUTO_MAX_NODES, AUTO_MAX_DEPTH = 64, 12
 EXPLORE = 3  # one-node tries before the record may choose no drafting at all
 PRIOR_WEIGHT = 20.0  # pseudo-tries behind a prior acceptance vector (from `multispec tune`)
-OVERHEAD_PRIOR = 1e-3  # seconds of per-iteration work assumed before any is measured
+# seconds of work besides forwards assumed before any is measured: a drafting iteration's, a plain step's
+OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR = 1e-3, 5e-4
+KINDS = ("plain", "chain", "tree")  # an iteration's kind: no drafts, one child per node (scored causally), a tree
 # a scheduled search with no new verdicts since the last one (as when no drafting was chosen) can change its
 # answer only through the context length: it is repeated once the context has grown by this factor
 CONTEXT_GROWTH = 1.25
@@ -34,14 +38,31 @@ def replans(call: int) -> bool:
     return call in (1, 2, 4, 8) or call % 16 == 0
 
 
+@dataclass(frozen=True)
+class Factors:
+    """Measured over calibrated forward seconds, by kind of iteration: the target's forward in a plain step, a
+    chain's and a tree's iteration, and the draft's forwards in a chain's and a tree's (`multispec tune`
+    measures them; a process's speed and a kind's own work move them away from 1)."""
+    plain: float = 1.0
+    chain: float = 1.0
+    tree: float = 1.0
+    chain_draft: float = 1.0
+    tree_draft: float = 1.0
+
+
+def iteration_kind(tree: TokenTree) -> str:
+    return "plain" if not tree.size else "chain" if tree.is_chain else "tree"
+
+
 class AutoTree(Drafter):
     """Wraps a `DraftTree`: each iteration proposes the current best tree (see module note), searched again
     when the room left is shallower than it.
     `ranks()` gives the call's acceptance record for this drafter (the session's), `pending(context)` the
-    tokens the target has not cached; `target_cost` is the causal forward's curve, `tree_cost` the masked
-    one (default the causal); `overhead` the work besides forwards, (seconds per iteration, per node).
+    tokens the target has not cached; `target_cost` is the causal forward's curve (plain steps and chains),
+    `tree_cost` a tree's (default the causal); `overhead` the work besides forwards (seconds per drafting
+    iteration, per node, per plain step); `factors` scale the curves by kind (`Factors`).
     With `adapt`, `forward_seconds()` (the forward time so far: target, draft) and the clock replace the
-    overhead by its measured average and scale the curves by measured over predicted forward time."""
+    overheads by their measured averages and the factors by measured over predicted forward time, per kind."""
 
     name = "auto-tree"
 
@@ -49,8 +70,9 @@ class AutoTree(Drafter):
                  draft_cost: ForwardCost | None, forward_seconds: Callable[[], tuple[float, float]],
                  pending: Callable[[list[int]], int], prior: list[float] | None = None,
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
-                 tree_cost: ForwardCost | None = None, overhead: tuple[float, float] = (OVERHEAD_PRIOR, 0.0),
-                 adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0):
+                 tree_cost: ForwardCost | None = None,
+                 overhead: tuple[float, float, float] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
+                 factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
@@ -59,13 +81,15 @@ class AutoTree(Drafter):
         self.adapt = adapt
         self.choice: TreeChoice | None = None
         self.tree = TokenTree.chain(0)
-        self.overhead, self.per_node = overhead
+        self.overhead, self.per_node, self.plain_overhead = overhead
         self.calls = 0
         self.used: dict[str, int] = {}
         self.predicted_tokens = self.predicted_seconds = 0.0
-        self.factors = [1.0, 1.0]  # measured over predicted forward seconds: target, draft (with adapt)
-        # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft)
-        self._last: tuple[float, float, float, float, float] | None = None
+        f = factors or Factors()
+        # per kind, measured over calibrated forward seconds: [target, draft] (followed with adapt)
+        self.factors = {"plain": [f.plain, 1.0], "chain": [f.chain, f.chain_draft], "tree": [f.tree, f.tree_draft]}
+        # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft, kind)
+        self._last: tuple[float, float, float, float, float, str] | None = None
         self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
         self._searched: tuple[float, int] | None = None  # (tries recorded, context length) at the last search
         self.searches = 0
@@ -79,15 +103,23 @@ class AutoTree(Drafter):
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
         table = table_for(rates, self.max_nodes, depth)
-        tree_cost, plain_cost = self.tree_cost.scaled(self.factors[0]), self.target_cost.scaled(self.factors[0])
-        draft_cost = self.draft_cost.scaled(self.factors[1]) if self.draft_cost is not None else None
+        f = self.factors
+        tree_cost, draft_cost, chain_cost, chain_draft = self._priced("tree") + self._priced("chain")
         self.choice = fastest_tree(table, tree_cost, draft_cost, context, self.overhead, pending=pending,
-                                   per_node=self.per_node, plain_cost=plain_cost)
+                                   per_node=self.per_node, plain_cost=self.target_cost.scaled(f["plain"][0]),
+                                   chain_cost=chain_cost, chain_draft_cost=chain_draft,
+                                   plain_overhead=self.plain_overhead)
         if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
-            seconds = iteration_seconds((1,), tree_cost, draft_cost, context, self.overhead + self.per_node,
+            seconds = iteration_seconds((1,), chain_cost, chain_draft, context, self.overhead + self.per_node,
                                         pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self.tree = table.tree(self.choice.nodes, self.choice.depth)
+
+    def _priced(self, kind: str) -> tuple[ForwardCost, ForwardCost | None]:
+        """The target's and the draft's curves for an iteration of `kind` (chain or tree), scaled by its factors."""
+        target, draft = self.factors[kind]
+        curve = self.tree_cost if kind == "tree" else self.target_cost
+        return curve.scaled(target), self.draft_cost.scaled(draft) if self.draft_cost is not None else None
 
     def _news(self, context: int) -> bool:
         """Whether a search could answer otherwise than the last: new verdicts, a context grown by
@@ -101,15 +133,19 @@ class AutoTree(Drafter):
         self.calls += 1
         now, (on_target, on_draft) = time.perf_counter(), self.forward_seconds()
         if self.adapt and self._last is not None:  # the work between two proposals that was not a forward
-            clock, target_before, draft_before, target_predicted, draft_predicted = self._last
+            clock, target_before, draft_before, target_predicted, draft_predicted, kind = self._last
             spent_target, spent_draft = on_target - target_before, on_draft - draft_before
-            other = (now - clock) - spent_target - spent_draft - self.per_node * self.tree.size
-            self.overhead = 0.8 * self.overhead + 0.2 * max(0.0, other)
+            other = max(0.0, (now - clock) - spent_target - spent_draft - self.per_node * self.tree.size)
+            if kind == "plain":
+                self.plain_overhead = 0.8 * self.plain_overhead + 0.2 * other
+            else:
+                self.overhead = 0.8 * self.overhead + 0.2 * other
             if self.calls >= 3:  # the first iteration's forwards hold the prompt
+                factors = self.factors[kind]
                 for i, (spent, predicted) in enumerate(((spent_target, target_predicted),
                                                         (spent_draft, draft_predicted))):
                     if predicted > 0 and spent > 0:
-                        self.factors[i] = 0.8 * self.factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
+                        factors[i] = 0.8 * factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
         if self.calls == 2:
             self._start = (now, len(context), self.one_time())
         pending = self.pending(context)
@@ -126,11 +162,11 @@ class AutoTree(Drafter):
             self.predicted_tokens += self.choice.tokens
             self.predicted_seconds += self.choice.seconds
         # the next proposal measures the work since this point, drafting's Python included, search excluded
-        widths = tuple(tree.widths())
+        widths, kind = tuple(tree.widths()), iteration_kind(tree)
         draft_predicted = (self.draft_cost(1, len(context)) + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
                            if widths and self.draft_cost is not None else 0.0)
-        target_predicted = (self.tree_cost if tree.size else self.target_cost)(pending + tree.size, len(context))
-        self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted)
+        target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(pending + tree.size, len(context))
+        self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted, kind)
         return self.drafter.propose(context, tree) if tree.size else self.drafter.setup.empty()
 
     def accept(self, verdict: Verdict) -> None:
@@ -148,6 +184,7 @@ class AutoTree(Drafter):
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
             "iteration_overhead_seconds": {"per_iteration": self.overhead, "per_node": self.per_node,
-                                           "measured": self.adapt},
-            "forward_factors": {"target": self.factors[0], "draft": self.factors[1]},
+                                           "plain_step": self.plain_overhead, "measured": self.adapt},
+            "forward_factors": {kind: {"target": t, "draft": d} if kind != "plain" else {"target": t}
+                                for kind, (t, d) in self.factors.items()},
         }
