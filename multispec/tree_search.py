@@ -21,6 +21,7 @@ drafts included.
 from __future__ import annotations
 
 import functools
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -328,3 +329,50 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
                                               and (depth, n) < (best.depth, best.nodes)):
             best = TreeChoice(n, depth, tokens, seconds, widths)
     return best
+
+
+def value_bound(reach: np.ndarray, max_nodes: int, max_depth: int) -> np.ndarray:
+    """[n] for n = 0..max_nodes: a bound on the value of any tree of n nodes and depth <= max_depth under
+    `reach`: 1 + the n largest path products over every place a node can take (depth, rank under each
+    ancestor), since a tree's n nodes take n distinct places. A heap walk, O(n K log n)."""
+    rows = [reach[min(d, reach.shape[0] - 1)] for d in range(max_depth)]
+    heap = [(-float(r), 1) for r in rows[0] if r > 0]  # (minus the path product, depth)
+    heapq.heapify(heap)
+    out = np.ones(max_nodes + 1)
+    for n in range(1, max_nodes + 1):
+        out[n] = out[n - 1]
+        if not heap:
+            continue
+        product, depth = heapq.heappop(heap)
+        out[n] -= product
+        if depth < max_depth:
+            for r in rows[depth]:
+                if r > 0:
+                    heapq.heappush(heap, (product * float(r), depth + 1))
+    return out
+
+
+def search_tree(rates: np.ndarray, max_nodes: int, max_depth: int, target_cost: ForwardCost,
+                draft_cost: ForwardCost | None, context: int, overhead: float = 0.0, pending: int = 1,
+                per_node: float = 0.0, first: int = 16, **prices) -> tuple[TreeChoice, TreeTable]:
+    """`fastest_tree` over the optimal trees of up to `max_nodes` nodes (its pricing arguments pass through),
+    and the table it chose from. The table's programme costs the square of its budget, and the fastest tree
+    is usually small: the trees of up to `first` nodes are searched first, and the whole budget only where
+    `value_bound` over the cheapest forward says that a larger tree could be faster."""
+    small = min(first, max_nodes)
+    table = table_for(rates, small, max_depth)
+    choice = fastest_tree(table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node,
+                          **prices)
+    if small == max_nodes:
+        return choice, table
+    sizes = np.arange(small + 1, max_nodes + 1)
+    forward = target_cost.curve(pending + max_nodes, context)[pending + sizes]
+    if prices.get("chain_cost") is not None:  # a chain may run on a cheaper curve
+        forward = np.minimum(forward, prices["chain_cost"].curve(pending + max_nodes, context)[pending + sizes])
+    bound = value_bound(reach_of(rates), max_nodes, max_depth)[sizes] / (forward + overhead + per_node * sizes)
+    if bound.max() < choice.tokens_per_second:  # no larger tree can be as fast
+        return choice, table
+    table = table_for(rates, max_nodes, max_depth)
+    return fastest_tree(table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node,
+                        **prices), table
+

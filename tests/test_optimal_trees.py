@@ -21,7 +21,9 @@ from multispec.tree_search import (
     iteration_seconds,
     reach_of,
     record_verdict,
+    search_tree,
     tree_value,
+    value_bound,
 )
 from multispec.trees import TokenTree, load_tree, tree_from_json
 from multispec.verify import recursive_rejection
@@ -213,6 +215,31 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
     best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
                *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft))
     assert kinds.tokens_per_second == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_searching_small_trees_first_chooses_as_the_whole_budget(seed):
+    # search_tree skips the 64-node programme only where value_bound proves no larger tree is as fast
+    rng = np.random.default_rng(seed)
+    rates = rng.uniform(0.3 if seed % 2 else 0.0, 0.95 if seed % 2 else 0.5, size=(6, 8))
+    steps = 4 if seed < 4 else 70  # a staircase that makes large trees dear, or a nearly flat curve
+    target_cost = ForwardCost(tuple(0.01 * (1 + k // steps) + 0.00001 * k for k in range(1, 70)))
+    draft_cost = ForwardCost(tuple(0.001 + 0.0001 * k for k in range(1, 70)))
+    reach = reach_of(rates)
+    whole = TreeTable(reach, 64, 6)
+    bound = value_bound(reach, 64, 6)
+    assert np.all(whole.values[1:, :] <= bound[None, :] + 1e-9)  # the bound holds at every size and depth
+    per_node = 0.0001 if steps == 4 else 0.0
+    expected = fastest_tree(whole, target_cost, draft_cost, 300, 0.001, per_node=per_node)
+    choice, table = search_tree(rates, 64, 6, target_cost, draft_cost, 300, 0.001, per_node=per_node)
+    assert (choice.nodes, choice.depth, choice.tokens_per_second) == (expected.nodes, expected.depth,
+                                                                     expected.tokens_per_second)
+    assert table.tree(choice.nodes, choice.depth).parents.tolist() == whole.tree(expected.nodes,
+                                                                                 expected.depth).parents.tolist()
+    if seed % 2 and steps == 70:  # good acceptance on a flat curve: a tree beyond the first 16 nodes wins
+        assert choice.nodes > 16 and table.max_nodes == 64
+    if steps == 4 and seed % 2 == 0:
+        assert table.max_nodes == 16  # small trees proved enough
 
 
 def test_a_chain_is_priced_on_the_causal_curve_and_a_plain_step_with_its_own_work():

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..models.cost import ForwardCost
-from ..tree_search import RankAcceptance, TreeChoice, fastest_tree, iteration_seconds, table_for
+from ..tree_search import RankAcceptance, TreeChoice, iteration_seconds, search_tree
 from ..trees import Shape, TokenTree, shape_depth
 from ..verify.verdict import Verdict
 from .base import Drafter, Proposal
@@ -102,13 +102,12 @@ class AutoTree(Drafter):
         self.searches += 1
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
-        table = table_for(rates, self.max_nodes, depth)
-        f = self.factors
         tree_cost, draft_cost, chain_cost, chain_draft = self._priced("tree") + self._priced("chain")
-        self.choice = fastest_tree(table, tree_cost, draft_cost, context, self.overhead, pending=pending,
-                                   per_node=self.per_node, plain_cost=self.target_cost.scaled(f["plain"][0]),
-                                   chain_cost=chain_cost, chain_draft_cost=chain_draft,
-                                   plain_overhead=self.plain_overhead)
+        self.choice, table = search_tree(rates, self.max_nodes, depth, tree_cost, draft_cost, context, self.overhead,
+                                         pending=pending, per_node=self.per_node,
+                                         plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
+                                         chain_cost=chain_cost, chain_draft_cost=chain_draft,
+                                         plain_overhead=self.plain_overhead)
         if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
             seconds = iteration_seconds((1,), chain_cost, chain_draft, context, self.overhead + self.per_node,
                                         pending)
