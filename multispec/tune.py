@@ -32,7 +32,15 @@ from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES, replans
 from .models.base import LanguageModel
 from .models.cost import ForwardCost, forward_cost, padded_tokens
 from .params import parse_method, read_json
-from .tree_search import RankAcceptance, TreeTable, fastest_tree, iteration_seconds, reach_of, tree_value
+from .tree_search import (
+    RankAcceptance,
+    TreeTable,
+    fastest_tree,
+    iteration_seconds,
+    reach_of,
+    search_tree,
+    tree_value,
+)
 from .trees import TokenTree
 
 PLAN_FORMAT = "multispec-plan/1"
@@ -264,9 +272,10 @@ def _fit_overhead(samples: list[tuple[float, float]]) -> tuple[float, float]:
 def _search_seconds(table: TreeTable, target_cost, draft_cost, context: int, calls: float) -> float:
     """tree=auto's search (a table, then the fastest of its trees), timed once here, times the searches its
     schedule makes in `calls` iterations, spread over them."""
+    # rates no search has seen (tables are cached by their rates)
+    rates = np.random.default_rng().uniform(0.25, 0.35, (table.max_depth, 8))
     t0 = time.perf_counter()
-    fresh = TreeTable(reach_of(np.full((table.max_depth, 8), 0.3)), table.max_nodes, table.max_depth)
-    fastest_tree(fresh, target_cost, draft_cost, context)
+    search_tree(rates, table.max_nodes, table.max_depth, target_cost, draft_cost, context)
     calls = max(1, round(calls))
     return (time.perf_counter() - t0) * sum(replans(c) for c in range(1, calls + 1)) / calls
 
