@@ -120,6 +120,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     say("measuring forward costs (once per machine) ...")
     # a compiled model's curve is measured in this process: its kernels are autotuned per process
     target_cost = forward_cost(target, here=padded_tokens(target) > 0)
+    # a tree's forward goes through an explicit mask, which has its own curve (cached per machine, as tree=auto
+    # reads it): trees are priced on it, chains and plain steps on the causal one
+    tree_cost = forward_cost(target, masked=True)
     draft_cost = forward_cost(draft, here=padded_tokens(draft) > 0)
     routes = {role: {str(k): v for k, v in getattr(m, "bucket_route", {}).items()}
               for role, m in (("target", target), ("draft", draft))}
@@ -155,7 +158,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # its new tokens
     prefill = (sum(st["prefill_seconds"] + st["draft_prefill_seconds"] for _, st, _ in runs)
                / max(1.0, float(sum(lengths))))
-    factors = _forward_factors(runs, target_cost, draft_cost)
+    factors = _forward_factors(runs, target_cost, draft_cost, tree_cost)
     ar_factor = _forward_factors([(TokenTree.chain(0), plain, prompt_tokens[0])], target_cost, draft_cost)["chain"][0]
 
     rates = ranks.rates(AUTO_MAX_DEPTH)
@@ -164,7 +167,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
 
     def seconds(tree: TokenTree) -> float:
         on_target, on_draft = factors["chain" if tree.is_chain else "tree"]
-        return iteration_seconds(tuple(tree.widths()), target_cost.scaled(on_target), draft_cost.scaled(on_draft),
+        curve = target_cost if tree.is_chain else tree_cost
+        return iteration_seconds(tuple(tree.widths()), curve.scaled(on_target), draft_cost.scaled(on_draft),
                                  context, overhead[0] + overhead[1] * tree.size)
 
     def sd_seconds(chain: TokenTree) -> float:
@@ -187,7 +191,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         candidates.append(Candidate(f"mcsd, optimal tree of {n} nodes", "mcsd",
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
                                     seconds(best), prefill))
-    choice = fastest_tree(table, target_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
+    choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
                           context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
                           chain_cost=target_cost.scaled(factors["chain"][0]),
                           chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead)
@@ -232,9 +236,11 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 
 
-def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost) -> dict[str, tuple[float, float]]:
-    """Measured over predicted forward seconds, target and draft, for tree and chain proposals: a forward over
-    a tree may cost otherwise than the causal forward the curve measured. Each model's first call holds the
+def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost,
+                     tree_cost: ForwardCost | None = None) -> dict[str, tuple[float, float]]:
+    """Measured over predicted forward seconds, target and draft, for tree and chain proposals: a chain's
+    target forward against the causal curve, a tree's against `tree_cost` (the masked forward's; default the
+    causal), the draft's against its curve. Each model's first call holds the
     prompt (the target's also the first tree): its measured seconds are taken off, and that call with them."""
     out = {}
     for kind in ("tree", "chain"):
@@ -245,7 +251,7 @@ def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost) ->
                 continue
             c = n_prompt + st["new_tokens"] // 2
             t_meas += st["target_seconds"] - st["prefill_seconds"]
-            t_pred += (calls - 1) * target_cost(1 + shape.size, c)
+            t_pred += (calls - 1) * (target_cost if kind == "chain" else tree_cost or target_cost)(1 + shape.size, c)
             if shape.size and st["draft_calls"]:
                 d_meas += st["draft_seconds"] - st["draft_prefill_seconds"]
                 # every iteration drafts each level but the last; all but the first catch up a token first

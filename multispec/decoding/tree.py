@@ -155,12 +155,10 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
         raise ValueError("tree=auto needs drafter=model: it shapes the draft model's tree from its acceptance")
     draft = s.draft_model
     factors = parse_factors(auto_settings.factors)
-    # measured factors (tune's) scale the causal curve for trees too, as tune measured them; without them a
-    # tree is priced on the masked forward's own curve
     auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
                     forward_cost(draft), s.forward_seconds,
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
-                    tree_cost=forward_cost(s.target_model, masked=factors is None),
+                    tree_cost=forward_cost(s.target_model, masked=True),
                     overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,
                     one_time=s.one_time_seconds)
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
@@ -265,8 +263,8 @@ OVERHEAD = Param(str, None, _check_overhead, "milliseconds 'A', 'A/B' or 'A/B/C'
                  f"min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); multispec tune writes the measured ones into plan files)")
 FACTORS = Param(str, None, _check_factors, "'P/C/T' or 'P/C/T/CD/TD', e.g. 0.9/1.05/1.1/0.8/1.0",
                 "tree=auto's measured over calibrated forward seconds: the target in a plain step, a chain and a "
-                "tree, the draft in a chain and a tree (default 1; given, trees are priced on the causal curve times "
-                "T, else on the masked forward's curve; multispec tune writes them into plan files)")
+                "tree (against the masked forward's curve), the draft in a chain and a tree (default 1; multispec "
+                "tune writes them into plan files)")
 
 
 def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int,
