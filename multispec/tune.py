@@ -201,17 +201,20 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
-    # milliseconds, as tree=auto's overhead reads them; its factors, as it prices each kind of iteration
-    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}/{ar_overhead * 1000:.3f}"
-    scale = "/".join(f"{x:.3f}" for x in (ar_factor, factors["chain"][0], factors["tree"][0], factors["chain"][1],
-                                         factors["tree"][1]))
-    # tree=auto follows the same choice: the fastest tree, or (after its first one-node tries) no drafting at all,
-    # an iteration of one plain target step priced as the controller prices it
-    auto_tree, auto_tokens, auto_seconds = ((fastest, tree_value(fastest, reach), seconds(fastest)) if fastest.size
-                                            else (None, 1.0, choice.seconds))
-    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},factors={scale},"
-                                "replacement=false", "mcsd",
-                                {"tree": "auto", "acceptance": prior, "overhead": work, "factors": scale,
+    # tree=auto is offered without the measured factors and with a plain step's work taken as a drafting
+    # iteration's (overhead A/B/A): held out, that controller was as fast or faster than the one given the
+    # factors and ar's own work in 11 of 12 comparisons (benchmarks/results/tree-auto-kinds-s39-cpu-2core),
+    # since the a + b x nodes fit overstates a short chain's work, which a plain step's measured work exposes
+    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}/{overhead[0] * 1000:.3f}"
+    auto_choice = fastest_tree(table, tree_cost, draft_cost, context, overhead[0], per_node=overhead[1],
+                               plain_cost=target_cost, chain_cost=target_cost, plain_overhead=overhead[0])
+    auto_tree = table.tree(auto_choice.nodes, auto_choice.depth) if auto_choice.nodes else None
+    # its choice as the controller makes it (or, after its first one-node tries, plain steps), priced as tune
+    # predicts every candidate
+    auto_tokens, auto_seconds = ((tree_value(auto_tree, reach), seconds(auto_tree)) if auto_tree is not None
+                                 else (1.0, candidates[0].seconds))
+    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
+                                {"tree": "auto", "acceptance": prior, "overhead": work,
                                  "replacement": replacement}, auto_tree,
                                 auto_tokens, auto_seconds + _search_seconds(table, target_cost, draft_cost, context,
                                                                            max_new_tokens / auto_tokens),
