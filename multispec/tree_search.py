@@ -299,7 +299,8 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
     sizes = np.arange(table.max_nodes + 1)
     work = overhead + per_node * sizes
     forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + work
-    chained = forward if chain_cost is target_cost else chain_cost.curve(pending + table.max_nodes, context)[pending:] + work
+    chained = (forward if chain_cost is target_cost
+               else chain_cost.curve(pending + table.max_nodes, context)[pending:] + work)
     drafting = draft_cost.curve(table.max_nodes, context).tolist() if draft_cost else None
     chain_drafting = (drafting if chain_draft_cost is draft_cost
                       else chain_draft_cost.curve(1, context).tolist() if chain_draft_cost else None)

@@ -114,8 +114,8 @@ def node_rule(verifier: str, replacement: bool):
 
 
 def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
-                factors: str | None, replacement: bool, tree_attention: bool, verifier: str, drafter: str, min_ngram: int,
-                max_ngram: int) -> None:
+                factors: str | None, replacement: bool, tree_attention: bool, verifier: str, drafter: str,
+                min_ngram: int, max_ngram: int) -> None:
     if not tree_attention and drafter != "model":
         raise ValueError("tree_attention=false (one cache row per path) needs drafter=model: copied branches "
                          "have paths of different lengths")
@@ -294,7 +294,8 @@ register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distr
                 summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
                 params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
                                                    "the root, 2 of each"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD, "factors": FACTORS,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
+                        "factors": FACTORS,
                         "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
                                                                 "replacement in draw order (Algorithm 2)"),
                         "tree_attention": Param(bool, True, rule="true or false",
@@ -307,6 +308,7 @@ register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals a
                 summary="SpecInfer's multi-step speculative sampling on its expansion tree",
                 params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
                                                    "each depth"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD, "factors": FACTORS,
+                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
+                        "factors": FACTORS,
                         "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
                         **drafter_params(tree=True)}))

@@ -26,7 +26,6 @@ EXPLORE = 3  # one-node tries before the record may choose no drafting at all
 PRIOR_WEIGHT = 20.0  # pseudo-tries behind a prior acceptance vector (from `multispec tune`)
 # seconds of work besides forwards assumed before any is measured: a drafting iteration's, a plain step's
 OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR = 1e-3, 5e-4
-KINDS = ("plain", "chain", "tree")  # an iteration's kind: no drafts, one child per node (scored causally), a tree
 # a scheduled search with no new verdicts since the last one (as when no drafting was chosen) can change its
 # answer only through the context length: it is repeated once the context has grown by this factor
 CONTEXT_GROWTH = 1.25
