@@ -121,6 +121,43 @@ def test_select_rows_reorders_beams():
         assert torch.allclose(got[row], ref, atol=1e-4)
 
 
+def test_a_reorder_moves_only_what_the_rows_do_not_hold_alike():
+    # beams share their prompt: spread from one row, the rows hold it alike, and a reorder moves only the
+    # tokens after it; a crop or a keep below that point shortens the shared part, and the logits stay right
+    model = tiny_llama(seed=3)
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([PROMPT]))
+    model.select_rows(cache, torch.tensor([0, 0, 0]))
+    assert cache.shared == len(PROMPT) and cache.rows == 3
+    seqs = [PROMPT + [t] for t in (4, 5, 6)]
+    model.forward(cache, torch.tensor([[4], [5], [6]]))
+    moves = []
+    original = torch.Tensor.index_select
+
+    def spy(self, dim, index):
+        moves.append(self.shape[-2] if self.dim() == 5 else None)
+        return original(self, dim, index)
+
+    torch.Tensor.index_select = spy
+    try:
+        model.select_rows(cache, torch.tensor([2, 0, 1]))
+    finally:
+        torch.Tensor.index_select = original
+    assert set(m for m in moves if m is not None) == {1}  # one entry per row moved, not the prompt's
+    seqs = [seqs[2], seqs[0], seqs[1]]
+    model.crop(cache, len(PROMPT) - 2)  # back into the prompt: rows diverge from there
+    assert cache.shared == len(PROMPT) - 2
+    tails = [[7, 8, 9], [9, 8, 7], [1, 1, 2]]
+    model.forward(cache, torch.tensor(tails))
+    seqs = [PROMPT[:-2] + t for t in tails]
+    model.select_rows(cache, torch.tensor([1, 1, 2]))
+    assert cache.shared == len(PROMPT) - 2
+    seqs = [seqs[1], seqs[1], seqs[2]]
+    got = model.forward(cache, torch.tensor([[3], [4], [5]]))[:, -1]
+    for row, tok in enumerate((3, 4, 5)):
+        assert torch.allclose(got[row], full_logits(model, seqs[row] + [tok])[-1], atol=1e-4)
+
+
 def test_deterministic_beam_search_matches_a_cacheless_reference():
     model = tiny_llama(seed=4)
     width, steps = 3, 5

@@ -273,6 +273,9 @@ class StaticKV:
         self.length = 0
         self.rows = 1
         self.capacity = 0
+        # the leading entries held alike in every row (a prompt fed once, then spread over hypotheses): a
+        # reorder of the rows leaves them where they are
+        self.shared = 0
         # layers grouped by (key heads, key dim, value heads, value dim, device): one buffer per group
         groups: dict[tuple, list[int]] = {}
         for layer, (ks, vs, dev) in enumerate(shapes):
@@ -323,6 +326,8 @@ class StaticKV:
         positions = torch.zeros(rows, capacity, dtype=torch.long, device=self.device)
         positions[: min(rows, self.positions.shape[0]), :keep] = self.positions[:rows, :keep]
         self.positions = positions
+        if rows > self.rows:  # the new rows hold zeros
+            self.shared = 0
         self.capacity, self.rows = capacity, rows
 
     def held(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -332,24 +337,30 @@ class StaticKV:
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+        self.shared = min(self.shared, self.length)
 
     @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Row i becomes old row rows[i] (rows may repeat, reorder or shrink); only held entries move."""
+        """Row i becomes old row rows[i] (rows may repeat, reorder or shrink); only held entries move, and of
+        those only the ones past the part every row holds alike (`shared`), unless the row count changes."""
         rows = rows.to(self.device)
         n = self.length
         if rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=self.device)).all()):
             return
+        shared = min(self.shared, n)
+        start = shared if rows.numel() == self.rows else 0
         buffers = (*self.key_buffers, *self.value_buffers)
-        sources = [b[:, :, :, :n].index_select(1, rows.to(b.device)) for b in buffers]
-        position_sources = self.positions[:, :n].index_select(0, rows)
+        sources = [b[:, :, :, start:n].index_select(1, rows.to(b.device)) for b in buffers]
+        position_sources = self.positions[:, start:n].index_select(0, rows)
         if rows.numel() != self.rows:
             self.key_buffers = self.value_buffers = []
             self.rows = 0
             self.reserve(max(self.capacity, 1), rows=rows.numel())
         for buf, src in zip((*self.key_buffers, *self.value_buffers), sources, strict=True):
-            buf[:, :, :, :n] = src
-        self.positions[:, :n] = position_sources
+            buf[:, :, :, start:n] = src
+        self.positions[:, start:n] = position_sources
+        # rows copied from one row hold everything alike
+        self.shared = n if bool((rows == rows[0]).all()) else shared
 
     @torch.inference_mode()
     def keep(self, index: torch.Tensor) -> None:
@@ -360,6 +371,7 @@ class StaticKV:
         same = (index == torch.arange(length, device=self.device)).reshape(-1, length).all(0)
         moved = int(length - int(same.long().cumprod(0).sum()))
         start = length - moved
+        self.shared = min(self.shared, start)
         if moved:
             tail = index[..., start:]
             for buf in (*self.key_buffers, *self.value_buffers):  # [layers, rows, heads, capacity, d]
