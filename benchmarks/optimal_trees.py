@@ -88,7 +88,8 @@ def run(args) -> None:
                                                   "replacement": False})
         else:
             methods["mcsd:tree=auto"] = (auto, {})
-            if args.unscaled_auto:  # the same, priced as before session 39: no factors, a plain step's work as A
+            if args.unscaled_auto:  # the same prior, priced as tune wrote it in session 39: A/B/A (no chain line,
+                # a plain step's work taken as a tree iteration's), no factors
                 params = dict(item.split("=", 1) for item in auto.split(":", 1)[1].split(","))
                 params.pop("factors", None)
                 a, b = params["overhead"].split("/")[:2]
@@ -223,7 +224,8 @@ def main() -> None:
     p.add_argument("--adapt", action="store_true", help="tree=auto follows the call's clock (adapt=true)")
     p.add_argument("--methods", nargs="+", default=None, help="only these rows' labels (e.g. ar sd:gamma=1 plan)")
     p.add_argument("--unscaled-auto", action="store_true",
-                   help="also tree=auto priced as before session 39 (no factors; a plain step's work = a drafting one's)")
+                   help="also tree=auto priced as session 39's tune wrote it: overhead A/B/A (a plain step's and a "
+                        "chain's work = a tree iteration's), no factors")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

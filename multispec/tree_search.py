@@ -284,23 +284,27 @@ def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost 
 def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
                  overhead: float = 0.0, max_depth: int | None = None, pending: int = 1, per_node: float = 0.0,
                  plain_cost: ForwardCost | None = None, chain_cost: ForwardCost | None = None,
-                 chain_draft_cost: ForwardCost | None = None, plain_overhead: float | None = None) -> TreeChoice:
+                 chain_draft_cost: ForwardCost | None = None, plain_overhead: float | None = None,
+                 chain_overhead: tuple[float, float] | None = None) -> TreeChoice:
     """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
     Each kind of iteration is priced as it runs: a tree by `target_cost` and `draft_cost`, with per-iteration
     work `overhead` + `per_node` x nodes; a chain (one child per node, which the engine scores without a mask)
-    by `chain_cost` and `chain_draft_cost` (default the tree's); a plain step by `plain_cost` (default
-    `chain_cost`) and `plain_overhead` (default `overhead`)."""
+    by `chain_cost` and `chain_draft_cost` (default the tree's) and work `chain_overhead` = (per iteration, per
+    node) (default the tree's); a plain step by `plain_cost` (default `chain_cost`) and `plain_overhead`
+    (default `overhead`)."""
     chain_cost = chain_cost or target_cost
     chain_draft_cost = chain_draft_cost or draft_cost
     plain_overhead = overhead if plain_overhead is None else plain_overhead
+    chain_overhead = (overhead, per_node) if chain_overhead is None else tuple(chain_overhead)
     best = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead, ())
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
     # the curves read once per size (this search runs during decoding)
     sizes = np.arange(table.max_nodes + 1)
     work = overhead + per_node * sizes
     forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + work
-    chained = (forward if chain_cost is target_cost
-               else chain_cost.curve(pending + table.max_nodes, context)[pending:] + work)
+    chained = (forward if chain_cost is target_cost and chain_overhead == (overhead, per_node)
+               else chain_cost.curve(pending + table.max_nodes, context)[pending:]
+               + chain_overhead[0] + chain_overhead[1] * sizes)
     drafting = draft_cost.curve(table.max_nodes, context).tolist() if draft_cost else None
     chain_drafting = (drafting if chain_draft_cost is draft_cost
                       else chain_draft_cost.curve(1, context).tolist() if chain_draft_cost else None)
@@ -367,10 +371,12 @@ def search_tree(rates: np.ndarray, max_nodes: int, max_depth: int, target_cost: 
     if small == max_nodes:
         return choice, table
     sizes = np.arange(small + 1, max_nodes + 1)
-    forward = target_cost.curve(pending + max_nodes, context)[pending + sizes]
-    if prices.get("chain_cost") is not None:  # a chain may run on a cheaper curve
-        forward = np.minimum(forward, prices["chain_cost"].curve(pending + max_nodes, context)[pending + sizes])
-    bound = value_bound(reach_of(rates), max_nodes, max_depth)[sizes] / (forward + overhead + per_node * sizes)
+    forward = target_cost.curve(pending + max_nodes, context)[pending + sizes] + overhead + per_node * sizes
+    chain_work = prices.get("chain_overhead") or (overhead, per_node)
+    # a chain may run on a cheaper curve, with less work
+    chained = ((prices.get("chain_cost") or target_cost).curve(pending + max_nodes, context)[pending + sizes]
+               + chain_work[0] + chain_work[1] * sizes)
+    bound = value_bound(reach_of(rates), max_nodes, max_depth)[sizes] / np.minimum(forward, chained)
     if bound.max() < choice.tokens_per_second:  # no larger tree can be as fast
         return choice, table
     table = table_for(rates, max_nodes, max_depth)

@@ -4,8 +4,10 @@
 2. probe:    `mcsd` on the prompts, alternating a wide probe tree and a 4-draft chain, measures acceptance by
              depth and sibling rank (`multispec.tree_search`), the per-iteration work besides forwards
              (fitted as a + b * nodes from the two shapes), and how much the forwards of trees and of chains
-             cost against the curve (a tree's forward goes through an explicit mask); one `ar` run gives
-             its own per-step figures, and one `sd` run its chains' (sd runs them another way than mcsd).
+             cost against the curve (a tree's forward goes through an explicit mask); one `mcsd` run on a
+             one-node chain gives, with the 4-draft chain on the same prompt, a chain's own work line (a
+             chain skips a tree's masks and bookkeeping); one `ar` run gives its own per-step figures, and
+             one `sd` run its chains' (sd runs them another way than mcsd).
 3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
              sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
              predicted tokens/s.
@@ -143,6 +145,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         runs.append((shape, st, prompt_tokens[i]))
     overhead = _fit_overhead([(st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"])
                               for _, st, _ in runs if st["iterations"]])
+    # a chain's own work, a + b * nodes through a one-node chain and the probe's chain on the same prompt
+    short = _run(target, draft, prompts[1:2], "mcsd", {"tree": TokenTree.chain(1), "replacement": replacement},
+                 settings)[0]
+    chain_overhead = _chain_line(short, runs[1][1])
     plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
     ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
     # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
@@ -168,8 +174,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     def seconds(tree: TokenTree) -> float:
         on_target, on_draft = factors["chain" if tree.is_chain else "tree"]
         curve = target_cost if tree.is_chain else tree_cost
+        work = chain_overhead if tree.is_chain else overhead
         return iteration_seconds(tuple(tree.widths()), curve.scaled(on_target), draft_cost.scaled(on_draft),
-                                 context, overhead[0] + overhead[1] * tree.size)
+                                 context, work[0] + work[1] * tree.size)
 
     def sd_seconds(chain: TokenTree) -> float:
         return iteration_seconds(tuple(chain.widths()), target_cost.scaled(sd_factors[0]),
@@ -194,17 +201,19 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
                           context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
                           chain_cost=target_cost.scaled(factors["chain"][0]),
-                          chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead)
+                          chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead,
+                          chain_overhead=chain_overhead)
     fastest = table.tree(choice.nodes, choice.depth)
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
-    # tree=auto is offered without the measured factors and with a plain step's work taken as a drafting
-    # iteration's (overhead A/B/A): held out, that controller was as fast or faster than the one given the
-    # factors and ar's own work in 11 of 12 comparisons (benchmarks/results/tree-auto-kinds-s39-cpu-2core),
-    # since the a + b x nodes fit overstates a short chain's work, which a plain step's measured work exposes
+    # tree=auto is offered without the measured factors and with a plain step's and a chain's work taken as a
+    # tree iteration's (overhead A/B/A). Held out, that controller was as fast as or faster than the one given
+    # the factors and ar's work in 11 of 12 comparisons (benchmarks/results/tree-auto-kinds-s39-cpu-2core), and
+    # than the one given ar's work and the chain line in 3 of 4 (tree-auto-chain-s40-cpu-2core): with each
+    # kind's own work it drafts less, and one-node chains pay here by a few per cent at most
     work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}/{overhead[0] * 1000:.3f}"
     auto_choice = fastest_tree(table, tree_cost, draft_cost, context, overhead[0], per_node=overhead[1],
                                plain_cost=target_cost, chain_cost=target_cost, plain_overhead=overhead[0])
@@ -235,8 +244,19 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
              "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "sd": sd_factors,
                                  "ar": ar_factor},
-             "sd_overhead_seconds": [sd_base, sd_per_node], "bucket_route": routes}
+             "sd_overhead_seconds": [sd_base, sd_per_node], "chain_overhead_seconds": list(chain_overhead),
+             "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
+
+
+def _chain_line(short: dict, long: dict) -> tuple[float, float]:
+    """(seconds per chain iteration, per chain node) through the work besides forwards of a one-node chain's run
+    and a PROBE_CHAIN-node chain's (`stats` of each)."""
+    def per_iteration(st):
+        return st["other_seconds"] / max(1, st["iterations"]), st["draft_nodes"] / max(1, st["iterations"])
+    (w1, n1), (w4, n4) = per_iteration(short), per_iteration(long)
+    per_node = max(0.0, (w4 - w1) / (n4 - n1)) if n4 > n1 else 0.0
+    return max(0.0, w1 - per_node * n1), per_node
 
 
 def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost,

@@ -177,16 +177,18 @@ def test_the_fastest_tree_follows_the_cost_curve():
     assert useless.nodes == 0  # drafting cannot pay: a plain step
 
 
-def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, chain_cost=None, chain_draft=None):
+def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, chain_cost=None, chain_draft=None,
+                  chain_work=None):
     """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does: a
-    chain on `chain_cost` and `chain_draft` where given."""
+    chain on `chain_cost` and `chain_draft`, with work `chain_work` (per iteration, per node), where given."""
     for depth in range(1, table.max_depth + 1):
         for n in range(1, table.max_nodes + 1):
             if np.isfinite(table.value(n, depth)):
                 widths = table.widths(n, depth)
                 chain = len(widths) == n
+                a, b = chain_work if chain and chain_work else (overhead, per_node)
                 seconds = iteration_seconds(widths, (chain and chain_cost) or target_cost,
-                                            (chain and chain_draft) or draft_cost, context, overhead + per_node * n)
+                                            (chain and chain_draft) or draft_cost, context, a + b * n)
                 yield table.value(n, depth) / seconds
 
 
@@ -215,6 +217,15 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
     best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
                *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft))
     assert kinds.tokens_per_second == pytest.approx(best, rel=1e-12)
+    # and a chain's own work line
+    chain_work = (overhead * rng.uniform(0.2, 1.2), per_node * rng.uniform(0.5, 3.0))
+    lined = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
+                         chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead,
+                         chain_overhead=chain_work)
+    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
+               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft,
+                              chain_work))
+    assert lined.tokens_per_second == pytest.approx(best, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -252,6 +263,11 @@ def test_a_chain_is_priced_on_the_causal_curve_and_a_plain_step_with_its_own_wor
     # drafting's work besides forwards against a plain step's: 0.6 s more per drafting iteration tips it
     assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0).nodes == 0
     assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal).nodes == 1  # the same work for both
+    # a chain's own work: light where a tree's is heavy, the chain pays again; heavy per node, it does not
+    assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0,
+                        chain_overhead=(0.05, 0.05)).nodes == 1
+    assert fastest_tree(table, masked, None, 100, 0.0, chain_cost=causal, plain_overhead=0.0,
+                        chain_overhead=(0.0, 0.6)).nodes == 0
 
 
 def test_a_cost_curve_read_at_once_equals_its_points():
@@ -295,11 +311,12 @@ def test_tree_auto_reports_its_choices_and_is_reproducible():
     stats = runs[0].stats
     assert sum(stats["trees_used"].values()) >= 1 and stats["predicted_tokens_per_second"] > 0
     assert stats["iteration_overhead_seconds"] == {"per_iteration": 0.0003, "per_node": 0.00001,
-                                                   "plain_step": 0.0003, "measured": False}
+                                                   "plain_step": 0.0003, "chain": 0.0003, "chain_per_node": 0.00001,
+                                                   "measured": False}
     assert stats["forward_factors"]["plain"] == {"target": 1.0}
     adapted = generate(target, draft, [1], method="specinfer:tree=auto,adapt=true", max_new_tokens=30, seed=4).stats
     assert adapted["iteration_overhead_seconds"]["measured"] and adapted["iteration_overhead_seconds"]["per_iteration"] > 0
-    for bad in ("-1", "1/2/3/4", "x", "nan"):
+    for bad in ("-1", "1/2/3/4", "1/2/3/4/5/6", "x", "nan"):
         with pytest.raises(ValueError, match="overhead must be milliseconds"):
             generate(target, draft, [1], method="mcsd", tree="auto", overhead=bad, max_new_tokens=3)
     for bad in ("1/1", "1/1/1/1", "0/1/1", "1/x/1"):
@@ -310,6 +327,9 @@ def test_tree_auto_reports_its_choices_and_is_reproducible():
     tuned = generate(target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2,factors=0.9/1.1/1.2/0.8/1.3",
                      max_new_tokens=10, seed=4).stats
     assert tuned["iteration_overhead_seconds"]["plain_step"] == pytest.approx(0.0002)
+    lined = generate(target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2/0.1/0.02", max_new_tokens=10,
+                     seed=4).stats["iteration_overhead_seconds"]
+    assert (lined["chain"], lined["chain_per_node"]) == (pytest.approx(0.0001), pytest.approx(0.00002))
     assert tuned["forward_factors"] == {"plain": {"target": 0.9}, "chain": {"target": 1.1, "draft": 0.8},
                                         "tree": {"target": 1.2, "draft": 1.3}}
     with pytest.raises(ValueError, match="adapt is a parameter of tree=auto"):
@@ -364,10 +384,13 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert result.ranks.tries[0, 0] > 0 and all(c.predicted_tokens_per_second > 0 for c in result.candidates)
     labels = {c.label.split(":")[0].split(",")[0] for c in result.candidates}
     assert {"ar", "sd", "mcsd"} <= labels and any("tree=auto" in c.label for c in result.candidates)
-    # tree=auto is offered with the measured work, a plain step's taken as a drafting iteration's (see tune)
+    # tree=auto is offered with the measured work, a plain step's and a chain's taken as a tree iteration's (see
+    # tune); the chain's own line is measured and kept in the evidence
     auto = next(c for c in result.candidates if "tree=auto" in c.label)
     work = auto.params["overhead"].split("/")
     assert work[0] == work[2] == f"{result.overhead[0] * 1000:.3f}" and "factors" not in auto.params
+    chain = result.probe["chain_overhead_seconds"]
+    assert len(chain) == 2 and chain[0] >= 0 and chain[1] >= 0
     path = write_plan(result, tmp_path / "plan.json", {"target": target.name, "draft": draft.name})
     plan = load_plan(path)
     assert plan.data["evidence"]["candidates"] and plan.spec.startswith(result.chosen.method)

@@ -199,18 +199,20 @@ def _numbers(text) -> list[float]:
         return []
 
 
-def parse_overhead(text: str | None) -> tuple[float, float, float]:
-    """'A', 'A/B' or 'A/B/C' (milliseconds per drafting iteration / per node / per plain step) -> seconds.
-    Without C a plain step's work is the prior's, at most A."""
+def parse_overhead(text: str | None) -> tuple[float, float, float, float, float]:
+    """'A', 'A/B', 'A/B/C' or 'A/B/C/D/E' (milliseconds per tree iteration / per node / per plain step / per
+    chain iteration / per chain node) -> seconds. Without C a plain step's work is the prior's, at most A;
+    without D/E a chain's work is a tree's."""
     if text is None:
-        return OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR
+        return OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR, OVERHEAD_PRIOR, 0.0
     values = _numbers(text)
-    if len(values) not in (1, 2, 3) or any(not (v >= 0 and v < float("inf")) for v in values):
-        raise ValueError("overhead must be milliseconds 'A', 'A/B' or 'A/B/C' (per drafting iteration / per node / "
-                         f"per plain step, >= 0), got {text!r}")
+    if len(values) not in (1, 2, 3, 5) or any(not (v >= 0 and v < float("inf")) for v in values):
+        raise ValueError("overhead must be milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E' (per tree iteration / "
+                         f"per node / per plain step / per chain iteration / per chain node, >= 0), got {text!r}")
     per_node = values[1] if len(values) > 1 else 0.0
-    plain = values[2] / 1000 if len(values) == 3 else min(values[0] / 1000, PLAIN_OVERHEAD_PRIOR)
-    return values[0] / 1000, per_node / 1000, plain
+    plain = values[2] / 1000 if len(values) >= 3 else min(values[0] / 1000, PLAIN_OVERHEAD_PRIOR)
+    chain = (values[3], values[4]) if len(values) == 5 else (values[0], per_node)
+    return values[0] / 1000, per_node / 1000, plain, chain[0] / 1000, chain[1] / 1000
 
 
 def parse_factors(text: str | None) -> Factors | None:
@@ -257,10 +259,12 @@ ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '
 ADAPT = Param(bool, False, rule="true or false",
               help="tree=auto: also follow this call's measured forward and per-iteration times (the same law, "
                    "but the same seed may then give other tokens)")
-OVERHEAD = Param(str, None, _check_overhead, "milliseconds 'A', 'A/B' or 'A/B/C', e.g. 1.5/0.05/0.4",
-                 "tree=auto's work besides forwards: A ms per drafting iteration + B ms per node, C ms per plain "
-                 f"step (default {OVERHEAD_PRIOR * 1000:g}/0/{PLAIN_OVERHEAD_PRIOR * 1000:g}; without C, "
-                 f"min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); multispec tune writes the measured ones into plan files)")
+OVERHEAD = Param(str, None, _check_overhead,
+                 "milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E', e.g. 1.5/0.05/0.4/0.5/0.2",
+                 "tree=auto's work besides forwards: A ms per tree iteration + B ms per node, C ms per plain step, "
+                 f"D ms per chain iteration + E per chain node (default {OVERHEAD_PRIOR * 1000:g}/0/"
+                 f"{PLAIN_OVERHEAD_PRIOR * 1000:g}; without C, min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); without "
+                 "D/E, A/B; multispec tune writes the measured ones into plan files)")
 FACTORS = Param(str, None, _check_factors, "'P/C/T' or 'P/C/T/CD/TD', e.g. 0.9/1.05/1.1/0.8/1.0",
                 "tree=auto's measured over calibrated forward seconds: the target in a plain step, a chain and a "
                 "tree (against the masked forward's curve), the draft in a chain and a tree (default 1; multispec "

@@ -58,8 +58,9 @@ class AutoTree(Drafter):
     when the room left is shallower than it.
     `ranks()` gives the call's acceptance record for this drafter (the session's), `pending(context)` the
     tokens the target has not cached; `target_cost` is the causal forward's curve (plain steps and chains),
-    `tree_cost` a tree's (default the causal); `overhead` the work besides forwards (seconds per drafting
-    iteration, per node, per plain step); `factors` scale the curves by kind (`Factors`).
+    `tree_cost` a tree's (default the causal); `overhead` the work besides forwards in seconds: a tree
+    iteration's (per iteration, per node), a plain step's, and a chain's (per iteration, per node; default the
+    tree's); `factors` scale the curves by kind (`Factors`).
     With `adapt`, `forward_seconds()` (the forward time so far: target, draft) and the clock replace the
     overheads by their measured averages and the factors by measured over predicted forward time, per kind."""
 
@@ -70,7 +71,7 @@ class AutoTree(Drafter):
                  pending: Callable[[list[int]], int], prior: list[float] | None = None,
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
                  tree_cost: ForwardCost | None = None,
-                 overhead: tuple[float, float, float] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
+                 overhead: tuple[float, ...] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
                  factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
@@ -80,7 +81,9 @@ class AutoTree(Drafter):
         self.adapt = adapt
         self.choice: TreeChoice | None = None
         self.tree = TokenTree.chain(0)
-        self.overhead, self.per_node, self.plain_overhead = overhead
+        self.overhead, self.per_node, self.plain_overhead = overhead[:3]
+        # a chain's work: its own line where measured (it skips the tree's masks and bookkeeping)
+        self.chain_overhead, self.chain_per_node = overhead[3:5] if len(overhead) >= 5 else overhead[:2]
         self.calls = 0
         self.used: dict[str, int] = {}
         self.predicted_tokens = self.predicted_seconds = 0.0
@@ -106,10 +109,11 @@ class AutoTree(Drafter):
                                          pending=pending, per_node=self.per_node,
                                          plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
                                          chain_cost=chain_cost, chain_draft_cost=chain_draft,
-                                         plain_overhead=self.plain_overhead)
+                                         plain_overhead=self.plain_overhead,
+                                         chain_overhead=(self.chain_overhead, self.chain_per_node))
         if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
-            seconds = iteration_seconds((1,), chain_cost, chain_draft, context, self.overhead + self.per_node,
-                                        pending)
+            seconds = iteration_seconds((1,), chain_cost, chain_draft, context,
+                                        self.chain_overhead + self.chain_per_node, pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self.tree = table.tree(self.choice.nodes, self.choice.depth)
 
@@ -133,10 +137,14 @@ class AutoTree(Drafter):
         if self.adapt and self._last is not None:  # the work between two proposals that was not a forward
             clock, target_before, draft_before, target_predicted, draft_predicted, kind = self._last
             spent_target, spent_draft = on_target - target_before, on_draft - draft_before
-            other = max(0.0, (now - clock) - spent_target - spent_draft - self.per_node * self.tree.size)
+            other = max(0.0, (now - clock) - spent_target - spent_draft)
             if kind == "plain":
                 self.plain_overhead = 0.8 * self.plain_overhead + 0.2 * other
+            elif kind == "chain":
+                other = max(0.0, other - self.chain_per_node * self.tree.size)
+                self.chain_overhead = 0.8 * self.chain_overhead + 0.2 * other
             else:
+                other = max(0.0, other - self.per_node * self.tree.size)
                 self.overhead = 0.8 * self.overhead + 0.2 * other
             if self.calls >= 3:  # the first iteration's forwards hold the prompt
                 factors = self.factors[kind]
@@ -182,7 +190,8 @@ class AutoTree(Drafter):
                                             if self.predicted_seconds else None),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
             "iteration_overhead_seconds": {"per_iteration": self.overhead, "per_node": self.per_node,
-                                           "plain_step": self.plain_overhead, "measured": self.adapt},
+                                           "plain_step": self.plain_overhead, "chain": self.chain_overhead,
+                                           "chain_per_node": self.chain_per_node, "measured": self.adapt},
             "forward_factors": {kind: {"target": t, "draft": d} if kind != "plain" else {"target": t}
                                 for kind, (t, d) in self.factors.items()},
         }
