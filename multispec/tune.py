@@ -182,7 +182,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         return iteration_seconds(tuple(chain.widths()), target_cost.scaled(sd_factors[0]),
                                  draft_cost.scaled(sd_factors[1]), context, sd_base + sd_per_node * chain.size)
 
-    candidates = [Candidate("ar", "ar", {}, None, 1.0, ar_factor * target_cost(1, context) + ar_overhead, prefill)]
+    # ar feeds no draft its prompt
+    ar_prefill = sum(st["prefill_seconds"] for _, st, _ in runs) / max(1.0, float(sum(lengths)))
+    candidates = [Candidate("ar", "ar", {}, None, 1.0, ar_factor * target_cost(1, context) + ar_overhead,
+                            ar_prefill)]
     for g in range(1, 9):
         chain = TokenTree.chain(g)
         candidates.append(Candidate(f"sd:gamma={g},drafter=model", "sd", {"gamma": g, "drafter": "model"}, chain,
