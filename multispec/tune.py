@@ -148,7 +148,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # a chain's own work, a + b * nodes through a one-node chain and the probe's chain on the same prompt
     short = _run(target, draft, prompts[1:2], "mcsd", {"tree": TokenTree.chain(1), "replacement": replacement},
                  settings)[0]
-    chain_overhead = _chain_line(short, runs[1][1])
+    chain_overhead = _fit_overhead([(st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"])
+                                    for st in (short, runs[1][1]) if st["iterations"]])
     plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
     ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
     # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
@@ -250,16 +251,6 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
              "sd_overhead_seconds": [sd_base, sd_per_node], "chain_overhead_seconds": list(chain_overhead),
              "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
-
-
-def _chain_line(short: dict, long: dict) -> tuple[float, float]:
-    """(seconds per chain iteration, per chain node) through the work besides forwards of a one-node chain's run
-    and a PROBE_CHAIN-node chain's (`stats` of each)."""
-    def per_iteration(st):
-        return st["other_seconds"] / max(1, st["iterations"]), st["draft_nodes"] / max(1, st["iterations"])
-    (w1, n1), (w4, n4) = per_iteration(short), per_iteration(long)
-    per_node = max(0.0, (w4 - w1) / (n4 - n1)) if n4 > n1 else 0.0
-    return max(0.0, w1 - per_node * n1), per_node
 
 
 def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost,
