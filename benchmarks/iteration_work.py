@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 PROMPT = "Explain how a bicycle gear system works, in detail."
 METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
-           ("mcsd", {"k_config": "8x1"}), ("specinfer", {})]
+           ("mcsd", {"k_config": "8x1"}), ("specinfer", {}), ("mjsd", {}), ("mtad", {})]
 
 
 class Timers:
@@ -80,8 +80,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--methods", default=None, help="only these methods, comma-separated (default: all)")
     args = ap.parse_args()
+    import multispec.decoding.joint as joint
     import multispec.decoding.loop as loop
     import multispec.decoding.sd as sd
+    import multispec.drafting.beams as beams
     import multispec.drafting.model as dm
     import multispec.engine as engine
     import multispec.warp as warp
@@ -104,6 +106,12 @@ def main() -> None:
     timers.wrap(sd, "_verify", "sd verify (rule included)")
     timers.wrap(loop, "target_step", "target_step")
     timers.wrap(tree_method, "score_paths", "tree score_paths")
+    timers.wrap(beams.BeamDraft, "propose", "beam propose")
+    timers.wrap(beams.BeamDraft, "extensions", "beam extensions")
+    timers.wrap(beams.BeamDraft, "_pick", "beam pick")
+    timers.wrap(beams.Extensions, "at", "beam extensions.at")
+    timers.wrap(joint, "joint_verify", "joint_verify")
+    timers.wrap(engine.Entries, "tree", "Entries.tree")
     rows = []
     chosen = None if args.methods is None else set(args.methods.split(","))
     for method, params in (m for m in METHODS if chosen is None or m[0] in chosen):

@@ -131,6 +131,69 @@ def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outsi
         assert torch.equal(beams._pick(weights.exp(), rows, log=False), picked)
 
 
+@pytest.mark.parametrize("temperature, dtype", [(0.0, torch.float32), (1.0, torch.float32), (0.7, torch.float32),
+                                                (0.7, torch.float64)])
+@pytest.mark.parametrize("rows, width", [(1, 8), (3, 4), (8, 8), (5, 1)])
+def test_the_by_row_pick_equals_the_pick_over_all_extensions(temperature, dtype, rows, width):
+    # `heaviest` looks only at each row's W largest logits; it must pick what the pass over all rows x V picks,
+    # with the same beam scores and steps of log q
+    target, draft = random_markov_pair(3, 8, 2)
+    s = _session(target, draft, [1], Sampling(temperature))
+    beams = _beams(s, width, deterministic=True, warp="rows")
+    assert beams._by_row_candidates
+    gen = torch.Generator().manual_seed(rows * 10 + width)
+    for _ in range(10):
+        logits = (3 * torch.randn(rows, 300, generator=gen)).to(dtype)
+        score = torch.randn(rows, generator=gen, dtype=torch.float64) * 2
+        picks, scores, steps = beams.heaviest(score, logits)
+        ext = beams.extensions(score, logits)
+        expected = beams._pick(ext.weights, rows, ext.log)
+        expected_scores, expected_steps = ext.at(expected)
+        assert picks.tolist() == expected.tolist()
+        assert np.allclose(scores, expected_scores, atol=1e-5) and np.allclose(steps, expected_steps, atol=1e-5)
+        assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize("warp, sampling", [("joint", Sampling(1.0)), ("joint", Sampling(0.7)),
+                                            ("rows", Sampling(1.0)), ("rows", Sampling(0.8, top_k=50, top_p=0.9))])
+@pytest.mark.parametrize("ratio", ["warped", "raw"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_by_row_draws_are_the_draws_over_all_extensions(warp, sampling, ratio, dtype):
+    # `drawn` factors the weights as a row's mass times its own distribution; with the same uniforms it must
+    # draw what the draw over all rows x V draws, with the same beam scores and steps of log q
+    target, draft = random_markov_pair(3, 8, 2)
+    s = _session(target, draft, [1], sampling)
+    beams = _beams(s, 6, deterministic=False, ratio=ratio, warp=warp)
+    assert beams._by_row_draws and not beams._by_row_candidates
+    gen = torch.Generator().manual_seed(7)
+    for trial in range(20):
+        rows = 1 + trial % 5
+        logits = (3 * torch.randn(rows, 200, generator=gen)).to(dtype)
+        score = torch.randn(rows, generator=gen, dtype=torch.float64) * 2
+        beams.setup.generator.manual_seed(trial)
+        picks, scores, steps = beams.drawn(score, logits)
+        beams.setup.generator.manual_seed(trial)
+        ext = beams.extensions(score, logits)
+        expected = beams._pick(ext.weights, rows, ext.log)
+        expected_scores, expected_steps = ext.at(expected)
+        assert picks.tolist() == expected.tolist()
+        assert np.allclose(scores, expected_scores, atol=1e-5) and np.allclose(steps, expected_steps, atol=1e-5)
+
+
+def test_the_by_row_pick_is_kept_to_settings_where_every_token_is_a_candidate():
+    target, draft = random_markov_pair(3, 8, 2)
+    s = _session(target, draft, [1], Sampling(1.0, top_k=3))
+    assert not _beams(s, 4, deterministic=True, warp="rows")._by_row_candidates  # top-k cuts the support
+    s = _session(target, draft, [1], Sampling(1.0))
+    assert not _beams(s, 4, deterministic=False, warp="rows")._by_row_candidates  # sampled beams
+    assert not _beams(s, 4, deterministic=True, warp="joint")._by_row_candidates  # the joint warp
+    assert _beams(s, 4, deterministic=True, warp="rows")._by_row_candidates
+    # top-p on the joint warp compares rows with each other: their weights do not factor by row
+    s = _session(target, draft, [1], Sampling(1.0, top_p=0.9))
+    assert not _beams(s, 4, deterministic=False, warp="joint")._by_row_draws
+    assert _beams(s, 4, deterministic=False, warp="rows")._by_row_draws
+
+
 def test_beam_sampling_of_width_one_is_ancestral_sampling_from_the_draft():
     target, draft = random_markov_pair(3, 8, 6)
     outcomes, exact = draft.sequence_distribution([0], 2, Sampling(1.0))

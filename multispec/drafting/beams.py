@@ -15,7 +15,7 @@ from ..engine import Entries, Hypotheses, ModelRunner
 from ..trees import TokenTree
 from ..verify.beam import beam_distribution
 from ..verify.verdict import Verdict
-from ..warp import categorical, draw_without_replacement
+from ..warp import categorical, draw_without_replacement, largest, sequential_draws
 from .base import Proposal, Setup
 from .model import ModelDrafter
 
@@ -95,13 +95,17 @@ class BeamDraft(ModelDrafter):
         beams = [-1]  # the nodes that are live beams (the root to start)
         for depth in range(1, g + 1):
             score = torch.tensor([0.0 if b < 0 else score_of[b] for b in beams], dtype=torch.float64)
-            base_q = torch.tensor([0.0 if b < 0 else logq_of[b] for b in beams], dtype=torch.float64)
-            ext = self.extensions(score.to(logits.device), logits)
-            picks = self._pick(ext.weights, len(beams), ext.log)
+            base = [0.0 if b < 0 else logq_of[b] for b in beams]
+            if self._by_row_candidates:
+                picks, picked_score, picked_step = self.heaviest(score.to(logits.device), logits)
+            elif self._by_row_draws:
+                picks, picked_score, picked_step = self.drawn(score.to(logits.device), logits)
+            else:
+                ext = self.extensions(score.to(logits.device), logits)
+                picks = self._pick(ext.weights, len(beams), ext.log)
+                picked_score, picked_step = ext.at(picks)
             start = len(tokens)
             vocab = logits.shape[-1]
-            picked_score, picked_step = ext.at(picks)
-            base = base_q.tolist()
             for flat, beam_score, step_q in zip(picks.tolist(), picked_score, picked_step, strict=True):
                 b, v = divmod(flat, vocab)
                 parents.append(beams[b])
@@ -125,6 +129,82 @@ class BeamDraft(ModelDrafter):
         chain = torch.tensor([tokens[n] for n in path], dtype=torch.long, device=device)
         logq = torch.tensor([logq_of[n] for n in path], dtype=torch.float64, device=device)
         return Proposal(TokenTree.chain(g), chain, torch.empty(0, self.setup.vocab_size, device=device), logq=logq)
+
+    @property
+    def _by_row_candidates(self) -> bool:
+        """Whether the pick is the W heaviest of score[b] + a row's log-conditional, with every token in the
+        support: then the W heaviest are among each row's W largest logits (the log-conditional is the logits
+        less a per-row constant), and `heaviest` finds them without a [B, V] pass in float64."""
+        sampling = self.setup.sampling
+        if sampling.greedy:
+            return True
+        return (self.deterministic and self.warp == "rows" and sampling.top_k == 0 and sampling.top_p >= 1.0
+                and self.ratio == "warped")
+
+    def heaviest(self, score: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
+        """`_pick` + `Extensions.at` where `_by_row_candidates` holds: the W heaviest extensions of beams with
+        `score` [B] by draft `logits` [B, V] (flat b * V + v, heaviest first; ties: the lower index first),
+        their beam scores and their steps of log q (the temperature-warped log-conditional; greedy: the raw)."""
+        sampling = self.setup.sampling
+        z = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        if not sampling.greedy and sampling.temperature != 1:
+            z = z / sampling.temperature
+        vocab = z.shape[-1]
+        values, index = largest(z, min(self.width, vocab))  # [B, w]: each row's candidates
+        norm = _softmax_rows(z, probs=False)[1]  # [B]
+        step = values.double() - norm[:, None]  # [B, w] log-conditionals of the candidates
+        total = (score.double()[:, None] + step).reshape(-1)
+        order = torch.sort(total, descending=True, stable=True).indices[:self.width]
+        order = order[torch.isfinite(total[order])]
+        beam = order.div(index.shape[-1], rounding_mode="floor")
+        picks = beam * vocab + index.reshape(-1)[order]
+        return picks, total[order].tolist(), step.reshape(-1)[order].tolist()
+
+    @property
+    def _by_row_draws(self) -> bool:
+        """Whether sampled extensions weigh as a row's mass times its own distribution, so that `drawn` can
+        draw them without warping all W x V of them at once: always for the row warp (each beam's warped row
+        sums to 1), and for the joint warp without top-k or top-p (which would compare rows with each other)."""
+        sampling = self.setup.sampling
+        return (not self.deterministic and not sampling.greedy
+                and (self.warp == "rows" or (sampling.top_k == 0 and sampling.top_p >= 1.0)))
+
+    def drawn(self, score: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
+        """`_pick` + `Extensions.at` for sampled beams where `_by_row_draws` holds: W extensions of beams with
+        `score` [B] by draft `logits` [B, V] drawn without replacement, their beam scores and steps of log q.
+        The weights factor as mass[b] * row[b, v]:
+        - row warp: exp(score[b] + log warped[b, v]) = exp(score[b]) * warped[b, v];
+        - joint warp at temperature t: exp((score[b] + logp[b, v]) / t) = exp(score[b] / t) * sum_v p[b, v]^(1/t)
+          * softmax(logits[b] / t)[v], p the raw conditional;
+        so one softmax per row replaces a softmax over all W x V in float64, and the step of log q (the
+        joint warp's distribution renormalised over a parent's extensions) is the row's own log-softmax."""
+        sampling = self.setup.sampling
+        x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        score = score.double()
+        if self.warp == "rows":
+            row = sampling.probs(x)  # [B, V], 0 outside each row's warped support
+            log_mass = score
+        else:
+            t = sampling.temperature
+            z = x / t if t != 1 else x
+            row, norm = _softmax_rows(z)  # [B, V], [B]
+            raw = norm if t == 1 else _softmax_rows(x, probs=False)[1]
+            log_mass = score / t + norm - raw / t
+        mass = torch.softmax(log_mass, -1).to(row.dtype)  # [B]
+        # [1, B * V]; the joint warp's rows are ours to scale in place, the row warp's are read again below
+        weights = (row * mass[:, None] if self.warp == "rows" else row.mul_(mass[:, None])).reshape(1, -1)
+        k = min(self.width, int(torch.count_nonzero(weights)))
+        picks = sequential_draws(weights, k, self.setup.generator)[0][0]  # k <= the support: every draw is live
+        vocab = x.shape[-1]
+        beam, token = picks.div(vocab, rounding_mode="floor"), picks.remainder(vocab)
+        picked = x[beam, token].double()
+        if self.warp == "rows":
+            cond = torch.log(row[beam, token].double())
+            step = cond if self.ratio == "warped" else picked - _softmax_rows(x, probs=False)[1][beam]
+            return picks, (score[beam] + cond).tolist(), step.tolist()
+        logp = picked - raw[beam]
+        step = (z[beam, token].double() - norm[beam]) if self.ratio == "warped" else logp
+        return picks, (score[beam] + logp).tolist(), step.tolist()
 
     def extensions(self, score: torch.Tensor, logits: torch.Tensor) -> Extensions:
         """The W x V extensions of beams with `score` [B] by draft `logits` [B, V] (see `Extensions`)."""
@@ -252,3 +332,13 @@ def grow_rows(entries: list[list], roots: list[int], tokens: list[int], parent_p
         index.append(len(entries[root]) - 1)
         paths.append([*path, base + index[-1]])
     return paths, (torch.tensor(row, dtype=torch.long), torch.tensor(index, dtype=torch.long))
+
+
+def _softmax_rows(z: torch.Tensor, probs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """softmax over the last axis of float rows [B, V] (in their dtype; None with `probs=False`), and the
+    log-normaliser log sum exp as float64 [B]: one pass of exponentials, shifted by each row's maximum (no
+    overflow; the maximum counts 1). In float32 a token below ~1e-38 of its row's maximum weighs 0."""
+    peak = z.amax(-1, keepdim=True)
+    e = torch.exp(z - peak)
+    total = e.sum(-1, keepdim=True)
+    return e.div_(total) if probs else None, peak.double().squeeze(-1) + total.double().squeeze(-1).log()
