@@ -131,8 +131,7 @@ def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outsi
         assert torch.equal(beams._pick(weights.exp(), rows, log=False), picked)
 
 
-@pytest.mark.parametrize("temperature, dtype", [(0.0, torch.float32), (1.0, torch.float32), (0.7, torch.float32),
-                                                (0.7, torch.float64)])
+@pytest.mark.parametrize("temperature, dtype", [(1.0, torch.float32), (0.7, torch.float32), (0.7, torch.float64)])
 @pytest.mark.parametrize("rows, width", [(1, 8), (3, 4), (8, 8), (5, 1)])
 def test_the_by_row_pick_equals_the_pick_over_all_extensions(temperature, dtype, rows, width):
     # `heaviest` looks only at each row's W largest logits; it must pick what the pass over all rows x V picks,
@@ -188,6 +187,8 @@ def test_the_by_row_pick_is_kept_to_settings_where_every_token_is_a_candidate():
     assert not _beams(s, 4, deterministic=False, warp="rows")._by_row_candidates  # sampled beams
     assert not _beams(s, 4, deterministic=True, warp="joint")._by_row_candidates  # the joint warp
     assert _beams(s, 4, deterministic=True, warp="rows")._by_row_candidates
+    s = _session(target, draft, [1], Sampling(0.0))
+    assert not _beams(s, 4, deterministic=True, warp="rows")._by_row_candidates  # greedy: no faster (s41)
     # top-p on the joint warp compares rows with each other: their weights do not factor by row
     s = _session(target, draft, [1], Sampling(1.0, top_p=0.9))
     assert not _beams(s, 4, deterministic=False, warp="joint")._by_row_draws

@@ -134,21 +134,20 @@ class BeamDraft(ModelDrafter):
     def _by_row_candidates(self) -> bool:
         """Whether the pick is the W heaviest of score[b] + a row's log-conditional, with every token in the
         support: then the W heaviest are among each row's W largest logits (the log-conditional is the logits
-        less a per-row constant), and `heaviest` finds them without a [B, V] pass in float64."""
+        less a per-row constant), and `heaviest` finds them without a [B, V] pass in float64. Not when greedy:
+        there the pass over all extensions is one log-softmax and one top-k, as fast (and the by-row pick
+        no faster: benchmarks/results/beam-work-s41-cpu-2core)."""
         sampling = self.setup.sampling
-        if sampling.greedy:
-            return True
-        return (self.deterministic and self.warp == "rows" and sampling.top_k == 0 and sampling.top_p >= 1.0
-                and self.ratio == "warped")
+        return (not sampling.greedy and self.deterministic and self.warp == "rows" and self.ratio == "warped"
+                and sampling.top_k == 0 and sampling.top_p >= 1.0)
 
     def heaviest(self, score: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
         """`_pick` + `Extensions.at` where `_by_row_candidates` holds: the W heaviest extensions of beams with
         `score` [B] by draft `logits` [B, V] (flat b * V + v, heaviest first; ties: the lower index first),
-        their beam scores and their steps of log q (the temperature-warped log-conditional; greedy: the raw)."""
-        sampling = self.setup.sampling
+        their beam scores and their steps of log q (the temperature-warped log-conditional)."""
+        t = self.setup.sampling.temperature
         z = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-        if not sampling.greedy and sampling.temperature != 1:
-            z = z / sampling.temperature
+        z = z / t if t != 1 else z
         vocab = z.shape[-1]
         values, index = largest(z, min(self.width, vocab))  # [B, w]: each row's candidates
         norm = _softmax_rows(z, probs=False)[1]  # [B]
