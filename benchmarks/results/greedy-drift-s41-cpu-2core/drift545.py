@@ -8,7 +8,7 @@ p = [p for p in load_prompts(["mt-bench", "spec-bench-dev"], None, 50, True) if 
 ids = pair.target.encode(p.text)
 ar = generate(pair.target, None, ids, method="ar", temperature=0, max_new_tokens=48, score=False).token_ids
 mc = generate(pair.target, pair.draft, ids, method="mcsd", temperature=0, max_new_tokens=48, score=False).token_ids
-first = next(i for i, (a, b) in enumerate(zip(ar, mc)) if a != b)
+first = next(i for i, (a, b) in enumerate(zip(ar, mc, strict=False)) if a != b)
 print("prompt tokens", len(ids), "first diff", first, "ar", ar[first], "mcsd", mc[first])
 t = pair.target
 # the logits at the diverging position: one full forward of the prefix (eager), and ar-style one-token steps
