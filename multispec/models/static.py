@@ -179,6 +179,10 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min
     # (softmax sums over vector lanes, so it would depend on which slots hold a node's keys); (3) keys are
     # summed in fixed blocks of KEY_BLOCK slots from slot 0, the blocks' sums added in order (a product's
     # summation order depends on its length). Masked slots, and those past the held entries, weigh exactly 0.
+    # Not covered: a tree node's entries sit at its index in the tree, not at its position as in a chain, so its
+    # terms meet other lanes of the values product and the float32 sum can round differently; in a reduced
+    # precision that rarely moves an output by a rounding step (float64 values would close it, at a cost measured
+    # in benchmarks/results/tree-slot-order-s42-cpu-2core).
     b, hq, n, d = query.shape
     hk, width = keys.shape[1], keys.shape[2]
     group = hq // hk
