@@ -92,8 +92,9 @@ class ModelRunner:
     every row, then `tentative` entries (proposed nodes not yet verified). `feed` scores new tokens in one
     forward; `commit` keeps the accepted entries (and chooses, repeats or reorders rows) and drops the rest."""
 
-    def __init__(self, model: LanguageModel):
+    def __init__(self, model: LanguageModel, batch_invariant: bool = True):
         self.model = model
+        self.batch_invariant = batch_invariant  # passed to every forward (a draft's runner: False)
         self.cache = model.new_cache()
         self.committed = 0  # committed tokens held in the cache
         self.tentative = 0  # proposed entries after them
@@ -167,7 +168,8 @@ class ModelRunner:
                                     None if mask is None else mask.to(device),
                                     logits_to_keep=s + (1 if n_pending else 0),
                                     # a prompt but its last token: logits not kept, and fed alike by every method
-                                    fused_prefix=n_pending - 1 if self.committed == 0 else 0)
+                                    fused_prefix=n_pending - 1 if self.committed == 0 else 0,
+                                    batch_invariant=self.batch_invariant)
         if getattr(device, "type", None) == "cuda":
             # a GPU forward returns before its kernels finish: without this, the wait would be counted in
             # whatever reads the logits first (the rule's time), not in the forward's
@@ -357,7 +359,7 @@ class Session:
         if self.draft_model is None:
             raise ValueError("this generation has no draft model")
         if self.draft is None:
-            self.draft = ModelRunner(self.draft_model)
+            self.draft = ModelRunner(self.draft_model, batch_invariant=False)  # only the target's logits decide
         return self.draft
 
     def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None,

@@ -465,6 +465,58 @@ def test_query_blocks_of_a_prompt_read_only_the_keys_they_see_and_give_the_same_
     assert not torch.allclose(prefill()[0], whole, atol=1e-3)
 
 
+def _attention_of_tree_and_steps(trials: int, splits: bool) -> int:
+    """Random keys, values and bfloat16 queries of the default target's attention shapes; random trees (depth
+    up to TAIL + 1) after a random number of cached slots. Each node's attention output in one tree forward
+    (nodes at the slots of their tree index) against a one-query step at its position (its path at consecutive
+    slots, as `ar` lays it out): how many nodes differ in any bit. With `splits`, both as the engine calls them."""
+    from multispec.models import static
+
+    gen = torch.Generator().manual_seed(3)
+    heads, group, dim, minimum = 3, 3, 64, torch.finfo(torch.float32).min
+    differing = 0
+    for _ in range(trials):
+        past = int(torch.randint(0, 600, (), generator=gen))
+        parents = [-1]
+        for g in range(1, 28):  # a random tree: each node's parent an earlier node, depth at most TAIL + 1
+            parents.append(-1 if g < 3 else int(torch.randint(0, g, (), generator=gen)))
+        tree = TokenTree.from_parents(parents)
+        if int(tree.depth.max()) > static.TAIL + 1:
+            continue
+        n, width = tree.size, past + tree.size
+        keys = torch.randn(1, heads, width, dim, generator=gen)
+        values = static.with_ones(torch.randn(1, heads, static.whole_blocks(width), dim, generator=gen))
+        query = torch.randn(1, heads * group, n, dim, generator=gen).to(torch.bfloat16)
+        positions = past + tree.depth[None] - 1
+
+        def attend(q, k, v, seen, pos):
+            mask = torch.zeros(seen.shape).masked_fill_(~seen, minimum)[:, None]
+            return static._attend_block(q, k, v, mask, 0.125, 0.0, split=static.splits(pos) if splits else None)
+
+        seen = torch.zeros(1, n, width, dtype=torch.bool)
+        seen[:, :, :past] = True
+        seen[0, :, past:] = tree.visible
+        scored = attend(query, keys, values, seen, positions)
+        for node in range(n):
+            path = tree.path(node)
+            order = torch.cat([torch.arange(past), past + torch.tensor(path)])  # its path at consecutive slots
+            k, v = keys[:, :, order], values[:, :, order]
+            v = torch.nn.functional.pad(v, (0, 0, 0, static.whole_blocks(len(order)) - len(order)))
+            step = attend(query[:, :, node : node + 1], k, v, torch.ones(1, 1, len(order), dtype=torch.bool),
+                          positions[:, node : node + 1])
+            differing += not torch.equal(step[:, :, 0], scored[:, :, node])
+    return differing
+
+
+def test_a_tree_nodes_attention_has_the_bits_of_a_step_at_its_position():
+    # batch invariance for trees: a node's entries sit at its index in the tree, not at its position; each
+    # query's last few values are summed in float64, so that this layout leaves no trace
+    assert _attention_of_tree_and_steps(60, splits=True) == 0
+    # the known-wrong variant: every slot in KEY_BLOCK products, where a term's place in the block matters
+    if _attention_of_tree_and_steps(60, splits=False) == 0:
+        pytest.skip("this machine's products give the same bits wherever a term sits: the wrong variant shows nothing")
+
+
 def _bf16_llama(hidden: int = 384):
     from transformers import LlamaConfig, LlamaForCausalLM
 

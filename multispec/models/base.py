@@ -48,6 +48,7 @@ class LanguageModel(ABC):
         mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
         fused_prefix: int = 0,
+        batch_invariant: bool = True,
     ) -> torch.Tensor:
         """Score `tokens` [B, n] after the cached ones; the cache grows by n.
 
@@ -57,6 +58,8 @@ class LanguageModel(ABC):
         fused_prefix: into an empty cache, the first k tokens are a prompt's, which attend causally among
         themselves and whose logits are not kept: a backend may attend them with a faster kernel whose last bits
         differ from its steps' (the engine feeds every method's prompt alike, so all meet the same cache).
+        batch_invariant: False where a token's logits may depend on the other tokens scored with it (a draft's:
+        only the target's logits decide the output), so a backend may skip what it pays for invariance.
         Returns float logits [B, k or n, vocab_size] (float32 at least).
         """
 

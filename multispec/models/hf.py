@@ -274,7 +274,8 @@ class HFModel(LanguageModel):
 
     # -- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
+                batch_invariant=True):
         if not self.static:
             return self._forward_dynamic(cache, tokens, positions, mask, logits_to_keep)
         device = self.device
@@ -294,7 +295,7 @@ class HFModel(LanguageModel):
             if b == 1:
                 width = self.bucket_route.get(width, width)
         else:
-            width = max(n, -(-self.min_rows // b))
+            width = max(n, -(-self.min_rows // b)) if batch_invariant else n
             if graphed:
                 width = bucket(width)
         # a compiled graph is specialised on whether the values it reads (whole key blocks) fill the buffer: a
@@ -350,7 +351,7 @@ class HFModel(LanguageModel):
                 self._graphs.clear()
                 note(f"multispec: {self.name} runs without CUDA graphs: its capture failed ({type(e).__name__}: "
                      f"{' '.join(str(e).split())[:200]})")
-                return self.forward(cache, tokens, positions, mask, logits_to_keep)
+                return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
             cache.length = past + n
             logits = logits[:, :n]
             if logits_to_keep:
@@ -370,15 +371,19 @@ class HFModel(LanguageModel):
                 self.compile = False
                 note(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
                       f"{' '.join(str(e).split())[:200]})")
-                return self.forward(cache, tokens, positions, mask, logits_to_keep)
+                return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
         else:
             keep = min(n, logits_to_keep or n)
             # a prompt's start attends through torch's fused attention (one pass where the batch-invariant
             # attention makes a dozen per block of queries): its tokens' logits are not kept, and every method
             # feeds the prompt alike; the tokens after it are attended as in a step
             fused = fused_prefix if past == 0 and not self.sliding_window and keep <= n - fused_prefix else 0
+            # in a reduced precision on a CPU, where the rest of the step is batch-invariant, each query's last
+            # few values are summed so that a tree's layout does not change them (`static.splits`)
+            reduced = self.dtype in (torch.bfloat16, torch.float16)
+            split = static.splits(pos[:, fused:]) if batch_invariant and reduced and device.type == "cpu" else None
             with self._eager_kernels():
-                logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n, fused)
+                logits = self._step(ids, pos, masks, slots, cache.keys, cache.values, keep + width - n, fused, split)
             cache.length = past + n
             return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
         cache.length = past + n
@@ -445,8 +450,10 @@ class HFModel(LanguageModel):
             return full
         return {"full_attention": full, "sliding_attention": windowed} if self.mixed_layers else windowed
 
-    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0):
+    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0, split=None):
         extra = {"ms_fused": fused} if fused else {}
+        if split is not None:
+            extra["ms_splits"] = split
         return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
                           **extra).logits

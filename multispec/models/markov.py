@@ -44,7 +44,8 @@ class MarkovLM(LanguageModel):
         return MarkovCache()
 
 
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
+                batch_invariant=True):
         b, n = tokens.shape
         if positions is None:
             positions = cache.length + torch.arange(n).expand(b, n)
@@ -129,7 +130,8 @@ class HistoryLM(LanguageModel):
         return HistoryCache()
 
 
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
+                batch_invariant=True):
         b, n = tokens.shape
         past = cache.tokens.shape[1]
         if cache.tokens.shape[0] != b:

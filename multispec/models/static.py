@@ -32,6 +32,10 @@ QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's pref
 MIN_QUERY_ROWS = 16
 _QUERY_ROWS: dict[tuple, int] = {}
 KEY_BLOCK = 256  # keys per block of the attention-weighted sum (see `_attend_block`)
+# A query at position P sums the values of the key slots before P // TAIL * TAIL - TAIL in float32 KEY_BLOCKs,
+# and the rest in float64 (`_attend_block` (4), `splits`): a tree node of depth up to TAIL + 1 gets a chain
+# step's bits
+TAIL = 16
 _FALLBACK: dict[str, str] = {}  # model class -> its attention implementation before ours
 TRACED_ATTENTION = True  # compiled steps trace `attend_traced` (False: the opaque batch-invariant `attend`)
 
@@ -60,6 +64,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
         width = attention_mask.shape[-1]
         fused = kwargs.get("ms_fused", 0)
+        split = kwargs.get("ms_splits")
+        if split is not None and split.device != keys.device:
+            split = split.to(keys.device)
         if fused and not softcap:
             # the first `fused` tokens, a prompt's start fed into an empty cache, attend causally among themselves
             # through torch's fused kernel; the rest as in a step (`HFModel.forward`, `fused_prefix`)
@@ -68,7 +75,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                 enable_gqa=True)
             if fused < query.shape[2]:
                 rest = attend(query[:, :, fused:], keys[:, :, :width], values[:, :, : whole_blocks(width)],
-                              attention_mask[:, :, fused:], float(scaling), 0.0)
+                              attention_mask[:, :, fused:], float(scaling), 0.0, split)
                 head = torch.cat([head, rest], 2)
             return head.transpose(1, 2), None
         if TRACED_ATTENTION and torch.compiler.is_compiling():
@@ -79,8 +86,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                                  float(scaling), float(softcap or 0.0)).transpose(1, 2), None
         k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
     else:
-        k, v = key.float(), with_ones(value)
-    return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0)).transpose(1, 2), None
+        k, v, split = key.float(), with_ones(value), None
+    return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0), split).transpose(1, 2), None
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
@@ -115,14 +122,15 @@ def with_ones(values: torch.Tensor) -> torch.Tensor:
 # to step without a recompile, and no GEMM template is tried on a product with a symbolic shape.
 @torch.library.custom_op("multispec::attend", mutates_args=())
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-           scaling: float, softcap: float) -> torch.Tensor:
+           scaling: float, softcap: float, split: torch.Tensor | None = None) -> torch.Tensor:
     """query [B, Hq, n, d], float32 keys [B, Hkv, K, d], float32 values with ones [B, Hkv, K', dv + 1]
     (`with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
-    additive float mask [B, 1, n, K] -> [B, Hq, n, dv], computed in float32 whatever the
-    query's type (torch's fused kernel is slower than this for a few queries on a CPU), cast to the query's."""
+    additive float mask [B, 1, n, K], optionally each query's split [B, n] (`splits`) -> [B, Hq, n, dv],
+    computed in float32 whatever the query's type (torch's fused kernel is slower than this for a few queries on
+    a CPU; with splits, the slots from a query's split on in float64), cast to the query's."""
     n = query.shape[2]
     if n <= QUERY_CHUNK:
-        return _attend_block(query, keys, values, mask, scaling, softcap)
+        return _attend_block(query, keys, values, mask, scaling, softcap, split=split)
     # a long prompt: blocks of queries bound the float32 scores held at once, and each block reads the keys
     # up to the last one any of its queries sees (a causal prompt's first blocks skip most of them). The
     # slots left out would weigh exactly 0 and sit in whole value blocks past the ones read, so every token
@@ -133,7 +141,7 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
         width = keys.shape[2] if rows is None else _seen_width(rows)
         out.append(_attend_block(query[:, :, i : i + QUERY_CHUNK], keys[:, :, :width],
                                  values[:, :, : whole_blocks(width)], None if rows is None else rows[..., :width],
-                                 scaling, softcap))
+                                 scaling, softcap, split=None if split is None else split[:, i : i + QUERY_CHUNK]))
     return torch.cat(out, 2)
 
 
@@ -172,17 +180,26 @@ def query_rows(group: int, kv_heads: int, head_dim: int, value_dim: int, device)
     return _QUERY_ROWS[key]
 
 
-def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min_rows: int | None = None):
+def splits(positions: torch.Tensor) -> torch.Tensor:
+    """Each query's split [B, n] from its position [B, n] (`_attend_block` (4)): P // TAIL * TAIL - TAIL, at
+    least 0. A function of the position alone, and more than TAIL below it: for a tree node of depth up to
+    TAIL + 1, scored with every position before the tree's root at its own slot, the slots before its split
+    hold what they hold for a chain step at its position."""
+    return (positions.div(TAIL, rounding_mode="floor") * TAIL - TAIL).clamp_(min=0)
+
+
+def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min_rows: int | None = None,
+                  split: torch.Tensor | None = None):
     # Batch invariance: a token's output must not depend on how many tokens, or which tree, it is scored
     # with. So (1) every product has at least `query_rows(...)` rows (CPU matmul libraries switch kernels, and
     # summation order, for a handful of rows); (2) the normaliser is a column of ones in the values product
     # (softmax sums over vector lanes, so it would depend on which slots hold a node's keys); (3) keys are
     # summed in fixed blocks of KEY_BLOCK slots from slot 0, the blocks' sums added in order (a product's
     # summation order depends on its length). Masked slots, and those past the held entries, weigh exactly 0.
-    # Not covered: a tree node's entries sit at its index in the tree, not at its position as in a chain, so its
-    # terms meet other lanes of the values product and the float32 sum can round differently; in a reduced
-    # precision that rarely moves an output by a rounding step (float64 values would close it, at a cost measured
-    # in benchmarks/results/tree-slot-order-s42-cpu-2core).
+    # (4) With `split` (`splits`): a tree node's entries sit at its index in the tree, not at its position as a
+    # chain step's do, so in one float32 product its terms would meet other vector lanes and round otherwise.
+    # So each query sums the slots before its split (which a tree and a chain hold alike) as in (3), and the
+    # rest in float64, where their order moves the sum far below a rounding step of the output.
     b, hq, n, d = query.shape
     hk, width = keys.shape[1], keys.shape[2]
     group = hq // hk
@@ -202,6 +219,8 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min
     if mask is not None:
         scores[:, :, :rows].view(b, hk, group, n, width).add_(mask.float()[:, :, None])
     weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    if split is not None:
+        return _split_sum(weights, values, split.clamp(max=width), group, rows, query.dtype).view(b, hq, n, -1)
     if span > width:  # the slots past the last key weigh exactly 0
         weights = torch.nn.functional.pad(weights, (0, span - width))
     weights = weights.view(b * hk, -1, span)
@@ -213,8 +232,41 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min
     return (out[..., :-1] / out[..., -1:]).view(b, hq, n, -1).to(query.dtype)
 
 
+def _split_sum(weights, values, split, group: int, rows: int, dtype) -> torch.Tensor:
+    """The attention-weighted values of `_attend_block` (4): weights [B, Hkv, R, K] (R >= rows = group * n, the
+    query rows then padding), values with ones [B, Hkv, >= whole_blocks(K), dv + 1], split [B, n] (<= K) ->
+    [B, Hkv, rows, dv] in `dtype`."""
+    b, hk, padded, width = weights.shape
+    low, high = (int(x) for x in split.aminmax())
+    between = None
+    if high > low:  # [B, 1, R, high - low]: which slots between the splits each row sums in float32
+        n = split.shape[-1]
+        row_split = split[:, None, :].expand(b, group, n).reshape(b, 1, rows)
+        if padded > rows:  # the padding rows' outputs are dropped: any split
+            row_split = torch.nn.functional.pad(row_split, (0, padded - rows), value=high)
+        between = torch.arange(low, high, device=weights.device) < row_split[..., None]
+    # float64: the slots from the lowest split on, each row's before its own split weighing 0
+    tail = weights[..., low:].double()
+    if between is not None:
+        tail[..., : high - low].masked_fill_(between, 0.0)
+    out = torch.matmul(tail, values[:, :, low:width].double())  # [B, Hkv, R, dv + 1]
+    if high:  # float32 KEY_BLOCKs before the highest split, each row's from its own split on weighing 0
+        span = whole_blocks(high)
+        front = torch.nn.functional.pad(weights[..., :high], (0, span - high))
+        if between is not None:
+            front[..., low:high].masked_fill_(~between, 0.0)
+        front = front.view(b * hk, padded, span)
+        kept = values[:, :, :span].reshape(b * hk, span, -1)
+        blocks = torch.bmm(front[..., :KEY_BLOCK], kept[:, :KEY_BLOCK])
+        for start in range(KEY_BLOCK, span, KEY_BLOCK):
+            blocks = torch.baddbmm(blocks, front[..., start : start + KEY_BLOCK], kept[:, start : start + KEY_BLOCK])
+        out += blocks.view(b, hk, padded, -1)
+    out = out[:, :, :rows]
+    return (out[..., :-1] / out[..., -1:]).to(dtype)
+
+
 @attend.register_fake
-def _(query, keys, values, mask, scaling, softcap):
+def _(query, keys, values, mask, scaling, softcap, split=None):
     return query.new_empty((*query.shape[:-1], values.shape[-1] - 1))
 
 
