@@ -125,7 +125,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # a tree's forward goes through an explicit mask, which has its own curve (cached per machine, as tree=auto
     # reads it): trees are priced on it, chains and plain steps on the causal one
     tree_cost = forward_cost(target, masked=True)
-    draft_cost = forward_cost(draft, here=padded_tokens(draft) > 0)
+    draft_cost = forward_cost(draft, here=padded_tokens(draft) > 0, batch_invariant=False)
     routes = {role: {str(k): v for k, v in getattr(m, "bucket_route", {}).items()}
               for role, m in (("target", target), ("draft", draft))}
     if any(routes.values()):

@@ -259,7 +259,7 @@ def run_bench(
             if model is not None and padded_tokens(model):
                 # a compiled model's cost curve, measured here: each bucket's graph timed (and a bucket whose
                 # autotuned kernel ran slower than a larger one's routed to it), as gamma=auto and tree=auto read
-                forward_cost(model, here=True)
+                forward_cost(model, here=True, batch_invariant=model is target)
         for t, _, spec in {s.label: (t, p, s) for t, p, s in todo}.values():
             # a compiled prefill (hf-static) specialises on the first prompt's length and recompiles, once,
             # with a dynamic length at the second: warm it up on two lengths

@@ -32,7 +32,7 @@ def decode(s: Session, *, gamma: int | str, bonus: bool, confidence: float, draf
     if gamma != "auto":
         return speculate(s, proposer, (1,) * gamma, verify, bonus)
     controller = DraftLength(forward_cost(s.target_model),
-                             forward_cost(s.draft_model) if s.draft_model is not None else None)
+                             forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None)
     auto = AutoLength(proposer, controller, setup_of(s), lambda context: len(context) - s.target.committed,
                       s.one_time_seconds)
     speculate(s, auto, (1,) * controller.max_gamma, verify, bonus)

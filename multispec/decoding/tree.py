@@ -156,7 +156,7 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
     draft = s.draft_model
     factors = parse_factors(auto_settings.factors)
     auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
-                    forward_cost(draft), s.forward_seconds,
+                    forward_cost(draft, batch_invariant=False), s.forward_seconds,
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
                     tree_cost=forward_cost(s.target_model, masked=True),
                     overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,

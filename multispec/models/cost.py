@@ -123,13 +123,23 @@ _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process 
 calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
-def cost_key(model: LanguageModel, masked: bool = False) -> str:
+def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True) -> str:
     dtype = getattr(model, "dtype", None)
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
+    # eager static forwards pay for batch invariance (a draft's do not); in a reduced precision on a CPU, with
+    # the float64 tail of each query's attention (`static.splits`), which curves measured before it lack
+    variant = ""
+    if engine.startswith("static"):
+        from . import static
+
+        if not batch_invariant:
+            variant = "|not-invariant"
+        elif dtype in (torch.bfloat16, torch.float16) and torch.device(model.device).type == "cpu":
+            variant = f"|tail={static.TAIL}"
     return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
-            f"torch={torch.__version__}|isa={instruction_sets()}" + ("|masked" if masked else ""))
+            f"torch={torch.__version__}|isa={instruction_sets()}" + variant + ("|masked" if masked else ""))
 
 
 @functools.cache
@@ -150,12 +160,13 @@ def instruction_sets() -> str:
 
 
 def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False,
-                 here: bool = False) -> ForwardCost:
+                 here: bool = False, batch_invariant: bool = True) -> ForwardCost:
     """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note).
     `masked`: the forward given an explicit attention mask, as a tree's is (it may take a slower attention
     path than the causal one). `here`: measured in this process, not read from the cache folder (a compiled
-    model's kernels are autotuned per process, and its bucket route comes from this measurement)."""
-    key = cost_key(model, masked)
+    model's kernels are autotuned per process, and its bucket route comes from this measurement).
+    `batch_invariant`: as the forwards it prices are called (False for a draft's: `LanguageModel.forward`)."""
+    key = cost_key(model, masked, batch_invariant)
     if key in _COSTS and (not here or key in _MEASURED_HERE):
         return _COSTS[key]
     store = _store_path() if _persistent(model) else None
@@ -172,7 +183,7 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
             return _COSTS[key]
     global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
-    cost = measure_forward_cost(model, tokens, masked=masked)
+    cost = measure_forward_cost(model, tokens, masked=masked, batch_invariant=batch_invariant)
     # a one-time cost, like compiling (which the model counts itself)
     calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
@@ -207,7 +218,7 @@ def write_store_entry(path: Path, key: str, entry) -> None:
 
 def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,
                          contexts: tuple[int, ...] = COST_CONTEXTS, repeats: int = 4,
-                         masked: bool = False) -> ForwardCost:
+                         masked: bool = False, batch_invariant: bool = True) -> ForwardCost:
     """Median over `repeats` interleaved rounds of the seconds of a forward over k new tokens, k in `tokens`,
     after each of `contexts` cached tokens (random token ids: the cost does not depend on which). `masked`:
     each forward gets an explicit (causal) mask, the way a tree's forward does.
@@ -230,18 +241,20 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
     rows = []
     for context in contexts:
         cache = model.new_cache()
-        model.forward(cache, ids[:, :context], logits_to_keep=1)
+        model.forward(cache, ids[:, :context], logits_to_keep=1, batch_invariant=batch_invariant)
         masks = {k: torch.ones(k, context + k, dtype=torch.bool).tril(context)[None].to(model.device) if masked
                  else None for k in tokens}
         for k in tokens:  # warm-up: lazy initialisation, allocator, a compile per bucket
-            model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k)
+            model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k,
+                          batch_invariant=batch_invariant)
             model.crop(cache, context)
         times: list[list[float]] = [[] for _ in tokens]
         for _ in range(repeats):
             for j, k in enumerate(tokens):
                 _sync(model)
                 t0 = time.perf_counter()
-                model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k)
+                model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k,
+                              batch_invariant=batch_invariant)
                 _sync(model)
                 times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
@@ -346,7 +359,7 @@ def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) 
     for role, model in models.items():
         if model is None:
             continue
-        cost = measure_forward_cost(model, repeats=repeats)
+        cost = measure_forward_cost(model, repeats=repeats, batch_invariant=role != "draft")
         curves[role] = {"name": model.name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
                         "engine": cost_key(model).split("|")[3], "padded_tokens": cost.padded,
                         "contexts": list(cost.contexts),

@@ -9,9 +9,9 @@ mask's last dimension. So:
 - every forward has the same shapes for the same number of new tokens and rows, which is what a compiled
   step needs (`HFModel` pads new tokens to buckets of 1, 2, 4, 8, ...);
 - attention is computed, and the cache held, in float32 whatever the weights' type, and on the eager path a
-  token's output does not depend on how many tokens were scored with it (`_attend_block`); a compiled step
-  traces plain softmax attention into its graph instead (`attend_traced`: fused, not batch-invariant, as
-  the rest of a compiled step is not).
+  token's output does not depend on how many tokens were scored with it, or where a tree put them
+  (`_attend_block`); a compiled step traces plain softmax attention into its graph instead (`attend_traced`:
+  fused, not batch-invariant, as the rest of a compiled step is not).
 
 Called without our keyword arguments (transformers' own `generate` on the same model), `attention` hands
 over to the implementation the model had before.
