@@ -517,6 +517,24 @@ def test_a_tree_nodes_attention_has_the_bits_of_a_step_at_its_position():
         pytest.skip("this machine's products give the same bits wherever a term sits: the wrong variant shows nothing")
 
 
+def test_only_the_targets_forwards_pay_for_batch_invariance(monkeypatch):
+    # the draft's logits never decide the output: its runner skips the padding and the float64 tails; the
+    # target's eager bfloat16 forwards get each query's split
+    from multispec.models import static
+    from multispec.models.hf import HFModel
+
+    target, draft = _bf16_llama(), _bf16_llama(hidden=192)
+    seen, splits = [], []
+    forward, real_splits = HFModel.forward, static.splits
+    monkeypatch.setattr(HFModel, "forward", lambda self, *a, **k: seen.append((self is target, k.get("batch_invariant", True)))
+                        or forward(self, *a, **k))
+    monkeypatch.setattr(static, "splits", lambda positions: splits.append(positions.shape) or real_splits(positions))
+    generate(target, draft, [5, 6, 7, 8], method="sd:gamma=3", temperature=0, max_new_tokens=8)
+    assert {invariant for is_target, invariant in seen if is_target} == {True}
+    assert {invariant for is_target, invariant in seen if not is_target} == {False}
+    assert len(splits) == sum(is_target for is_target, _ in seen)  # one per target forward, none per draft's
+
+
 def _bf16_llama(hidden: int = 384):
     from transformers import LlamaConfig, LlamaForCausalLM
 

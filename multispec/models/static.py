@@ -223,13 +223,20 @@ def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min
         return _split_sum(weights, values, split.clamp(max=width), group, rows, query.dtype).view(b, hq, n, -1)
     if span > width:  # the slots past the last key weigh exactly 0
         weights = torch.nn.functional.pad(weights, (0, span - width))
-    weights = weights.view(b * hk, -1, span)
+    out = _blocks_sum(weights, values)[:, :, :rows]
+    return (out[..., :-1] / out[..., -1:]).view(b, hq, n, -1).to(query.dtype)
+
+
+def _blocks_sum(weights, values) -> torch.Tensor:
+    """(3) of `_attend_block`: weights [B, Hkv, R, S] (S whole KEY_BLOCKs) times values [B, Hkv, >= S, dv + 1],
+    one product per block of KEY_BLOCK slots from slot 0, added in order -> float32 [B, Hkv, R, dv + 1]."""
+    b, hk, padded, span = weights.shape
+    weights = weights.reshape(b * hk, padded, span)
     values = values[:, :, :span].reshape(b * hk, span, -1)
-    out = torch.bmm(weights[..., :KEY_BLOCK], values[:, :KEY_BLOCK])  # [B * Hkv, rows+, dv + 1]
+    out = torch.bmm(weights[..., :KEY_BLOCK], values[:, :KEY_BLOCK])  # [B * Hkv, R, dv + 1]
     for start in range(KEY_BLOCK, span, KEY_BLOCK):
         out = torch.baddbmm(out, weights[..., start : start + KEY_BLOCK], values[:, start : start + KEY_BLOCK])
-    out = out[:, :rows]
-    return (out[..., :-1] / out[..., -1:]).view(b, hq, n, -1).to(query.dtype)
+    return out.view(b, hk, padded, -1)
 
 
 def _split_sum(weights, values, split, group: int, rows: int, dtype) -> torch.Tensor:
@@ -255,12 +262,7 @@ def _split_sum(weights, values, split, group: int, rows: int, dtype) -> torch.Te
         front = torch.nn.functional.pad(weights[..., :high], (0, span - high))
         if between is not None:
             front[..., low:high].masked_fill_(~between, 0.0)
-        front = front.view(b * hk, padded, span)
-        kept = values[:, :, :span].reshape(b * hk, span, -1)
-        blocks = torch.bmm(front[..., :KEY_BLOCK], kept[:, :KEY_BLOCK])
-        for start in range(KEY_BLOCK, span, KEY_BLOCK):
-            blocks = torch.baddbmm(blocks, front[..., start : start + KEY_BLOCK], kept[:, start : start + KEY_BLOCK])
-        out += blocks.view(b, hk, padded, -1)
+        out += _blocks_sum(front, values)
     out = out[:, :, :rows]
     return (out[..., :-1] / out[..., -1:]).to(dtype)
 
