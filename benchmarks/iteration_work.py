@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 PROMPT = "Explain how a bicycle gear system works, in detail."
 METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
-           ("mcsd", {"k_config": "8x1"}), ("specinfer", {}), ("mjsd", {}), ("mtad", {})]
+           ("mcsd", {"k_config": "8x1"}), ("mcsd", {"tree": "auto"}), ("specinfer", {}), ("mjsd", {}),
+           ("mtad", {})]
 
 
 class Timers:
@@ -85,6 +86,7 @@ def main() -> None:
     import multispec.decoding.sd as sd
     import multispec.drafting.beams as beams
     import multispec.drafting.model as dm
+    import multispec.drafting.shape as shape
     import multispec.engine as engine
     import multispec.warp as warp
     from multispec.api import generate, load_pair
@@ -112,6 +114,11 @@ def main() -> None:
     timers.wrap(beams.Extensions, "at", "beam extensions.at")
     timers.wrap(joint, "joint_verify", "joint_verify")
     timers.wrap(engine.Entries, "tree", "Entries.tree")
+    timers.wrap(shape.AutoTree, "propose", "auto-tree propose")
+    timers.wrap(shape.AutoTree, "search", "auto-tree search")
+    timers.wrap(tree_method, "record_verdict", "record_verdict")
+    timers.wrap(tree_method, "greedy_tree_verify", "greedy_tree_verify")
+    timers.wrap(tree_method, "tree_verify", "tree_verify")
     rows = []
     chosen = None if args.methods is None else set(args.methods.split(","))
     for method, params in (m for m in METHODS if chosen is None or m[0] in chosen):
