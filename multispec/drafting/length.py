@@ -56,19 +56,23 @@ class DraftLength:
         what it missed: its first forward covers those tokens. An available option whose first position has
         been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
         costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
-        best = Plan(None, 0, 1.0, self.target_cost(target_pending, tokens))
+        longest = max((min(option.length, self.max_gamma) for option in options), default=0)
+        # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
+        target = self.target_cost.curve(target_pending + longest, tokens).tolist()
+        best = Plan(None, 0, 1.0, target[target_pending])
         for option in options:
             a = self.rates(option.key)
             catch_up = 0
             if option.runner is not None and self.draft_cost is not None:
                 catch_up = max(1, tokens - option.runner.committed)
+                first, later = self.draft_cost(catch_up, tokens), self.draft_cost(1, tokens)
             survive, expected = 1.0, 1.0
             for g in range(1, min(option.length, self.max_gamma) + 1):
                 survive *= a[g - 1]
                 expected += survive
-                seconds = self.target_cost(target_pending + g, tokens)
+                seconds = target[target_pending + g]
                 if catch_up:
-                    seconds += self.draft_cost(catch_up, tokens) + (g - 1) * self.draft_cost(1, tokens)
+                    seconds += first + (g - 1) * later
                 if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
                     return Plan(option, 1, expected, seconds)
                 if expected / seconds > best.tokens / best.seconds:

@@ -80,7 +80,7 @@ class AutoTree(Drafter):
         self.prior, self.max_nodes, self.max_depth = prior, max_nodes, max_depth
         self.adapt = adapt
         self.choice: TreeChoice | None = None
-        self.tree = TokenTree.chain(0)
+        self._use(TokenTree.chain(0))
         self.overhead, self.per_node, self.plain_overhead = overhead[:3]
         # a chain's work: its own line where measured (it skips the tree's masks and bookkeeping)
         self.chain_overhead, self.chain_per_node = overhead[3:5] if len(overhead) >= 5 else overhead[:2]
@@ -115,7 +115,13 @@ class AutoTree(Drafter):
             seconds = iteration_seconds((1,), chain_cost, chain_draft, context,
                                         self.chain_overhead + self.chain_per_node, pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
-        self.tree = table.tree(self.choice.nodes, self.choice.depth)
+        self._use(table.tree(self.choice.nodes, self.choice.depth))
+
+    def _use(self, tree: TokenTree) -> None:
+        """Propose `tree` from now on; what each proposal reads of it is read here, once per search."""
+        self.tree = tree
+        self._label = tree.describe() if tree.size else "none"
+        self._widths, self._kind = tuple(tree.widths()), iteration_kind(tree)
 
     def _priced(self, kind: str) -> tuple[ForwardCost, ForwardCost | None]:
         """The target's and the draft's curves for an iteration of `kind` (chain or tree), scaled by its factors."""
@@ -162,17 +168,19 @@ class AutoTree(Drafter):
             searched = time.perf_counter() - now
             self.search_seconds += searched
         tree = self.tree
-        label = tree.describe() if tree.size else "none"
-        self.used[label] = self.used.get(label, 0) + 1
+        self.used[self._label] = self.used.get(self._label, 0) + 1
         if self.calls >= 2 and self.choice is not None:
             self.predicted_tokens += self.choice.tokens
             self.predicted_seconds += self.choice.seconds
-        # the next proposal measures the work since this point, drafting's Python included, search excluded
-        widths, kind = tuple(tree.widths()), iteration_kind(tree)
-        draft_predicted = (self.draft_cost(1, len(context)) + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
-                           if widths and self.draft_cost is not None else 0.0)
-        target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(pending + tree.size, len(context))
-        self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted, kind)
+        if self.adapt:
+            # the next proposal measures the work since this point, drafting's Python included, search excluded
+            widths, kind = self._widths, self._kind
+            draft_predicted = (self.draft_cost(1, len(context))
+                               + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
+                               if widths and self.draft_cost is not None else 0.0)
+            target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(pending + tree.size,
+                                                                                        len(context))
+            self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted, kind)
         return self.drafter.propose(context, tree) if tree.size else self.drafter.setup.empty()
 
     def accept(self, verdict: Verdict) -> None:

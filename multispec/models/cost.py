@@ -63,7 +63,7 @@ class ForwardCost:
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
             return 0.0
-        return float(self._between_contexts(np.array(self._at_contexts(k)), context))
+        return float(self._between_contexts(_point_rows(self, k), context))
 
     def curve(self, most: int, context: int | None = None) -> np.ndarray:
         """[T(k, context) for k in 0..most] in one call (a tree search reads every size)."""
@@ -85,6 +85,14 @@ class ForwardCost:
         i = max(0, min(len(c) - 2, sum(context > x for x in c[1:-1])))
         w = (context - c[i]) / (c[i + 1] - c[i])
         return np.maximum(rows[0], rows[i] + w * (rows[i + 1] - rows[i]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _point_rows(cost: ForwardCost, k: int) -> np.ndarray:
+    """[contexts]: T(k) at each measured context (read many times per decoding iteration)."""
+    rows = np.array(cost._at_contexts(k))
+    rows.setflags(write=False)
+    return rows
 
 
 @functools.lru_cache(maxsize=64)
