@@ -4,6 +4,7 @@ n/2 each.
 
     python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd specinfer > drift-bf16.json
     python benchmarks/greedy_drift.py bfloat16 30 48 sd:gamma=4 mcsd --compile > drift-compiled.json
+    python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd --compile=invariant > drift-invariant.json
     python benchmarks/greedy_drift.py bfloat16 100 48 sd:gamma=4 mcsd --device=cuda --rows=rows.jsonl > drift-cuda.json
 
 With --rows=FILE each prompt's rows are appended to FILE as they finish, so a run cut short keeps them.
@@ -16,7 +17,7 @@ from multispec import generate, load_pair
 from multispec.bench.prompts import load_prompts
 
 
-def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool = False, device: str | None = None,
+def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool | str = False, device: str | None = None,
          rows_file: str | None = None) -> dict:
     pair = load_pair(dtype=dtype, compile=compile, device=device)
     prompts = load_prompts(["mt-bench", "spec-bench-dev"], None, n // 2, True)
@@ -42,5 +43,5 @@ if __name__ == "__main__":
     methods = [a for a in sys.argv[4:] if not a.startswith("--")] or ["sd:gamma=4"]
     device = next((a.split("=", 1)[1] for a in flags if a.startswith("--device=")), None)
     rows_file = next((a.split("=", 1)[1] for a in flags if a.startswith("--rows=")), None)
-    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), methods, "--compile" in flags, device,
-                          rows_file)))
+    compile = "invariant" if "--compile=invariant" in flags else "--compile" in flags
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), methods, compile, device, rows_file)))

@@ -41,11 +41,11 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
 
 def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME,
                dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
-               compile: bool = False) -> LanguageModel:
+               compile: bool | str = False) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
     hub id or path. `dtype` (float32, bfloat16, float16; default bfloat16 where the hardware has fast
     bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
-    one device over several; `compile`: compiled forwards (see `HFModel`)."""
+    one device over several; `compile`: compiled forwards, True or "invariant" (see `HFModel`)."""
     name = name or default
     check_device(device)
     dtype = parse_dtype(dtype) or default_dtype(device)
@@ -95,9 +95,10 @@ def quiet_transformers() -> None:
 
 def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
-              compile: bool = False) -> ModelPair:
+              compile: bool | str = False) -> ModelPair:
     """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` and
-    `compile` for both.
+    `compile` for both (`compile="invariant"`: the target's compiled steps are batch-invariant, so greedy
+    speculative methods give greedy `ar`'s tokens; the draft's, which decide nothing, are compiled as usual).
 
     With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
     """
@@ -105,7 +106,7 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
     else:
-        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=compile)
+        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=bool(compile))
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     describe = {m.name: describe_model(m) for m in (target_model, draft_model) if m is not None}
@@ -115,7 +116,7 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
 def describe_model(model: LanguageModel) -> str:
     how = [str(getattr(model, "dtype", "")).replace("torch.", "")]
     if getattr(model, "compile", False):
-        how.append("compiled")
+        how.append("compiled, batch-invariant" if getattr(model, "kernel", None) == "invariant" else "compiled")
     return DEFAULT_NAMES.get(model.name, model.name) + " - " + ", ".join(h for h in how if h)
 
 

@@ -37,6 +37,7 @@ def _pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
+    p.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile each forward shape with torch inductor (kernel variants timed on this machine); "
                         "compiling takes minutes per shape the first time on a machine; on a CPU the compiled steps are kept "
                         "on disk and later processes load them")
+    g.add_argument("--invariant", action="store_true",
+                   help="with --compile: batch-invariant compiled steps (slower: oneDNN for every product, attention through the batch-invariant operator), so a greedy speculative method gives greedy ar's tokens in bfloat16 too; eager forwards are batch-invariant already")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs",
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "bfloat16, else float32)")
     b.add_argument("--compile", action="store_true",
                    help="compiled forwards for our methods (compiles happen in the warm-up, not in timed rows)")
+    b.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     b.add_argument("--out", default="bench-out", help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
@@ -169,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--device", default=None)
     tu.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     tu.add_argument("--compile", action="store_true", help="compile forwards (see generate --compile)")
+    tu.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
     tu.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     tu.add_argument("--out", default="plan.json", help="the plan file to write")
     tu.add_argument("--json", action="store_true", help="print the plan file's contents instead of the table")
@@ -215,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _compile(args) -> bool | str:
+    """What `load_pair` takes for --compile and --invariant (eager forwards are batch-invariant already)."""
+    return "invariant" if args.compile and getattr(args, "invariant", False) else args.compile
 
 
 def cmd_methods(args) -> int:
@@ -278,7 +288,7 @@ def cmd_bench(args) -> int:
     from .api import load_pair
 
     device = args.device or (sweep.process_device(state) if state is not None else None)
-    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=args.compile)
+    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=_compile(args))
     if main_process:
         print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
               f"{' / '.join(pair.description)} -> {args.out}"
@@ -402,10 +412,10 @@ def cmd_generate(args) -> int:
         raise ValueError("the prompt is empty")
     if method.draft_use(method.resolve(params)) != "none":
         pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                         compile=args.compile)
+                         compile=_compile(args))
     else:  # target-only methods: do not spend time loading a draft
         target_only = load_model(args.target, args.device, dtype=args.dtype, device_map=args.device_map,
-                                 compile=args.compile)
+                                 compile=_compile(args))
         pair = ModelPair(target_only, None, {target_only.name: describe_model(target_only)})
     target = pair.target
     from . import console
@@ -454,7 +464,7 @@ def cmd_serve(args) -> int:
     from .decoding import get_method
 
     get_method(name).resolve(params)  # a bad default method fails before the models load
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
     server = Server(pair, model_name=args.model_name, method=args.method, max_queue=args.max_queue,
                     max_tokens=args.max_tokens)  # every option checked before the port is taken
     print(f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
@@ -475,7 +485,7 @@ def cmd_cost_curve(args) -> int:
     from .api import load_pair
     from .models.cost import write_cost_curves
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
     data = write_cost_curves(out, {"target": pair.target, "draft": pair.draft}, repeats=args.repeats)
     print(f"{data['device']}, {data['date']}, host {data['host']}")
     for role, c in data["models"].items():
@@ -522,7 +532,7 @@ def cmd_reproduce(args) -> int:
         read_cost_curves(args.device_curve)
     from .api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
     data = reproduce(pair.target, pair.draft, args.out, quick=args.quick, claims=claims, resume=args.resume,
                      force=args.force, device_curve=args.device_curve, models=pair.description,
                      command="multispec " + " ".join(args.argv))
@@ -545,7 +555,7 @@ def cmd_tune(args) -> int:
     bench.check_settings([args.temperature], args.max_new_tokens, args.top_k, args.top_p)
     from .api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=args.compile)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
     if pair.draft is None:
         raise ValueError("tune needs a draft model (--draft)")
 

@@ -136,6 +136,8 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
+    if engine == "compiled" and getattr(model, "kernel", None) == "invariant":
+        engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")
     # eager static forwards pay for batch invariance (a draft's do not); in a reduced precision on a CPU, with
     # the float64 tail of each query's attention (`static.splits`), which curves measured before it lack
     variant = ""

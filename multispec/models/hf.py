@@ -44,6 +44,13 @@ KERNELS = {
     "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False},
 }
 CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
+# `compile="invariant"`: every product through oneDNN on frozen weights, rows padded to `min_rows`, and attention
+# through the batch-invariant operator (`static.attend`, with each query's split): a token's logits do not
+# depend on the bucket it is scored in. The variants above differ from bucket to bucket (autotuning picks
+# other kernels per shape, and traced attention sums over a key length that grows with the bucket), so greedy
+# speculative outputs drift from greedy `ar` in a reduced precision.
+INVARIANT = "invariant"
+INVARIANT_KERNELS = {"freezing": True}
 
 
 def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
@@ -107,7 +114,10 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
 
 
 class HFModel(LanguageModel):
-    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True, compile: bool = False):
+    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True,
+                 compile: bool | str = False):
+        if compile not in (False, True, INVARIANT):
+            raise ValueError(f"compile={compile!r}: False, True or {INVARIANT!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
@@ -152,8 +162,11 @@ class HFModel(LanguageModel):
         self._packages: dict[tuple[str, tuple[int, int]], Any] = {}  # (variant, shape) -> a step loaded from disk
         self._packaged: bool | None = None
         self._weights_key: str | None = None
-        # (rows, new tokens) -> the variant of `KERNELS` its compiled step runs; "auto": chosen per shape by timing
-        self.kernel = "auto"
+        # (rows, new tokens) -> the variant of `KERNELS` its compiled step runs; "auto": chosen per shape by timing;
+        # INVARIANT: one variant for every shape, batch-invariant (`INVARIANT_KERNELS`)
+        self.kernel = INVARIANT if compile == INVARIANT else "auto"
+        if self.kernel == INVARIANT and self.compile and self.device.type != "cpu":
+            raise ValueError(f"compile={INVARIANT!r} is built and measured for CPUs; {self.device} has no such step")
         self.kernels: dict[tuple[int, int], str] = {}
         self._shapes: set[tuple[str, tuple[int, int]]] = set()
         # a bucket of new tokens -> a larger one whose compiled step ran faster here (one row; set by measuring
@@ -188,7 +201,7 @@ class HFModel(LanguageModel):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None,
-                        compile: bool = False, **kwargs):
+                        compile: bool | str = False, **kwargs):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -285,13 +298,18 @@ class HFModel(LanguageModel):
             if past:
                 raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
             cache.reserve(cache.capacity, rows=b)
+        if (past == 0 and self.compile and self.kernel == INVARIANT and 0 < fused_prefix < n - 1
+                and n - fused_prefix - 1 <= COMPILED_TOKENS):
+            return self._prompt_then_steps(cache, tokens, positions, mask, logits_to_keep, fused_prefix,
+                                           batch_invariant)
         # a prompt (the first feed) runs eagerly: its length differs from call to call
         compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
         graphed = self.graphs and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
         # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
+        invariant = compiled and self.kernel == INVARIANT
         if compiled:
-            width = bucket(n)
+            width = bucket(max(n, -(-self.min_rows // b)) if invariant else n)
             if b == 1:
                 width = self.bucket_route.get(width, width)
         else:
@@ -359,12 +377,13 @@ class HFModel(LanguageModel):
             # the graph's output is overwritten by its next replay: the caller gets its own copy
             return logits[..., : self.vocab_size].to(torch.float32, copy=True)
         if compiled:
-            if self.device.type == "cpu" and self.kernel not in ("auto", *KERNELS):
-                raise ValueError(f"kernel {self.kernel!r}: 'auto' or one of {', '.join(KERNELS)}")
+            if self.device.type == "cpu" and self.kernel not in ("auto", INVARIANT, *KERNELS):
+                raise ValueError(f"kernel {self.kernel!r}: 'auto', {INVARIANT!r} or one of {', '.join(KERNELS)}")
             if self._packaging():
                 packaged.limit_bytes()  # a bad MULTISPEC_COMPILED_LIMIT_GB is refused, not taken for a failed compile
             try:
-                logits = self._run_compiled(ids, pos, masks, slots, cache)
+                # the batch-invariant step splits each query's sum over values as the eager one does
+                logits = self._run_compiled(ids, pos, masks, slots, cache, static.splits(pos) if invariant else None)
             except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
                 # nothing is committed before the compiled call returns (the length is set after it), so the
                 # same feed runs again from the top, eagerly
@@ -391,6 +410,22 @@ class HFModel(LanguageModel):
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return logits[..., : self.vocab_size].float()
+
+    def _prompt_then_steps(self, cache, tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant):
+        """A first feed of a prompt (`fused_prefix` + 1 tokens) and tokens after it, on the batch-invariant
+        compiled step: the prompt eagerly, as a feed of the prompt alone runs, and the rest in a compiled step,
+        as it runs when the prompt came alone (an eager step gives a token other bits than a compiled one, so
+        scoring the first drafts with the prompt would give their cache entries bits that `ar` never sees)."""
+        n = tokens.shape[1]
+        p = fused_prefix + 1
+        keep = logits_to_keep or n
+        after = min(keep, n - p)  # logits kept from each part
+        before = keep - after
+        head = self.forward(cache, tokens[:, :p], None if positions is None else positions[:, :p],
+                            None if mask is None else mask[:, :p, :p], max(before, 1), fused_prefix, batch_invariant)
+        tail = self.forward(cache, tokens[:, p:], None if positions is None else positions[:, p:],
+                            None if mask is None else mask[:, p:, :n], after, 0, batch_invariant)
+        return torch.cat([head[:, head.shape[1] - before :], tail], 1)
 
     def _run_graphed(self, ids, positions, masks, slots, cache):
         """The step (compiled when `compile`, else eager) as a CUDA graph, captured on first use for these
@@ -458,8 +493,9 @@ class HFModel(LanguageModel):
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
                           **extra).logits
 
-    def _run_compiled(self, ids, positions, masks, slots, cache):
-        args = (ids, positions, masks, slots, cache.keys, cache.values)
+    def _run_compiled(self, ids, positions, masks, slots, cache, split=None):
+        # with splits, attention runs through the batch-invariant operator (`static.attention`)
+        args = (ids, positions, masks, slots, cache.keys, cache.values) + ((0, 0, split) if split is not None else ())
         shape = (ids.shape[0], ids.shape[1])
         kind = self.kernels.get(shape)
         if kind is None:
@@ -473,14 +509,14 @@ class HFModel(LanguageModel):
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
-        kernels = KERNELS.get(kind, {}) if self.device.type == "cpu" else {}
+        kernels = (INVARIANT_KERNELS if kind == INVARIANT else KERNELS.get(kind, {})) if self.device.type == "cpu" else {}
         if self._packaging():
             step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
             if step is not None:
                 ids, positions, masks, slots, keys, values = args
                 masks = {k: m.contiguous() for k, m in masks.items()} if isinstance(masks, dict) else masks.contiguous()
                 return step(ids, positions, masks, slots, keys, values)
-        ids, positions, masks, slots, keys, values = args
+        ids, positions, masks, slots, keys, values = args[:6]
         for m in masks.values() if isinstance(masks, dict) else (masks,):
             torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
         for buffer in (*keys, *values):
@@ -544,7 +580,9 @@ class HFModel(LanguageModel):
         unless turned off or found not to export."""
         if self._packaged is None:
             devices = set((getattr(self.model, "hf_device_map", None) or {}).values())
-            self._packaged = self.device.type == "cpu" and len(devices) <= 1 and packaged.enabled()
+            # the batch-invariant step calls a Python operator (`static.attend`): compiled per process
+            self._packaged = (self.device.type == "cpu" and len(devices) <= 1 and packaged.enabled()
+                              and self.kernel != INVARIANT)
         return self._packaged
 
     def _package_key(self) -> str:

@@ -11,7 +11,8 @@ mask's last dimension. So:
 - attention is computed, and the cache held, in float32 whatever the weights' type, and on the eager path a
   token's output does not depend on how many tokens were scored with it, or where a tree put them
   (`_attend_block`); a compiled step traces plain softmax attention into its graph instead (`attend_traced`:
-  fused, not batch-invariant, as the rest of a compiled step is not).
+  fused, not batch-invariant, as the rest of a compiled step is not), unless it is the batch-invariant one
+  (`compile="invariant"`), which calls `attend` too.
 
 Called without our keyword arguments (transformers' own `generate` on the same model), `attention` hands
 over to the implementation the model had before.
@@ -78,10 +79,10 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                               attention_mask[:, :, fused:], float(scaling), 0.0, split)
                 head = torch.cat([head, rest], 2)
             return head.transpose(1, 2), None
-        if TRACED_ATTENTION and torch.compiler.is_compiling():
+        if TRACED_ATTENTION and split is None and torch.compiler.is_compiling():
             # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
             # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
-            # operators per layer, and compiled steps are not batch-invariant anyway
+            # operators per layer, and only the batch-invariant compiled step (which passes splits) needs it
             return attend_traced(query, keys[:, :, :width], values[:, :, :width, :-1], attention_mask,
                                  float(scaling), float(softcap or 0.0)).transpose(1, 2), None
         k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
