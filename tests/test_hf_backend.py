@@ -399,7 +399,7 @@ def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_na
     model.kernel = "fastest"
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
-    with pytest.raises(ValueError, match="kernel 'fastest': 'auto' or one of onednn, autotuned"):
+    with pytest.raises(ValueError, match="kernel 'fastest': 'auto', 'invariant' or one of onednn, autotuned"):
         model.forward(cache, torch.tensor([[9]]))
 
 
