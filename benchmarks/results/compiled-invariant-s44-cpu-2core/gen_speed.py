@@ -1,7 +1,8 @@
 """Decoding speed of whole greedy generations on the default pair in bfloat16, one engine per process: eager,
 compiled (as shipped) or compiled batch-invariant. Six Spec-Bench dev prompts (one per category, spread), 64
-new tokens, `ar`, `sd:gamma=4` and the default method; tokens/s from `stats` (decoding: prefill in, one-time
-compiles out), a warm-up generation first per method:
+new tokens, transformers' own `generate` on the same target (as it ships, `hf`), then `ar`, `sd:gamma=4` and the
+default method; tokens/s from `stats` (decoding: prefill in, one-time compiles out), a warm-up generation first per
+method:
 
     python benchmarks/results/compiled-invariant-s44-cpu-2core/gen_speed.py invariant
 """
@@ -11,6 +12,8 @@ import sys
 
 from multispec import generate, load_pair
 from multispec.bench.prompts import load_prompts
+from multispec.bench.runner import hf_generate
+from multispec.warp import Sampling
 
 METHODS = ["ar", "sd:gamma=4", "sd:gamma=auto,drafter=hybrid"]
 
@@ -19,6 +22,15 @@ def main(mode: str) -> None:
     compile = {"eager": False, "compiled": True, "invariant": "invariant"}[mode]
     pair = load_pair(dtype="bfloat16", compile=compile)
     prompts = load_prompts(["spec-bench-dev"], None, 6, True)
+    greedy = Sampling(temperature=0)
+    hf_generate(pair.target, None, pair.target.encode(prompts[0].text), 64, greedy, 0)  # warm-up
+    tokens = seconds = 0.0
+    for p in prompts:
+        out, stats = hf_generate(pair.target, None, pair.target.encode(p.text), 64, greedy, 0)
+        tokens += len(out)
+        seconds += stats["seconds"]
+    print(json.dumps({"mode": mode, "method": "hf", "prompts": len(prompts), "tokens": tokens,
+                      "tokens_per_second": round(tokens / seconds, 2)}), flush=True)
     for method in METHODS:
         generate(pair.target, pair.draft, pair.target.encode(prompts[0].text), method=method, temperature=0,
                  max_new_tokens=64, score=False)  # warm-up: compiles and cost curves stay out of the rows
