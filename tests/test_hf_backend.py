@@ -599,7 +599,12 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     model = _bf16_llama(hidden=576, intermediate=1536)
     model.compile, model.kernel = True, hf.INVARIANT
     assert _nodes_differing_from_one_token_steps(model, past=200) == 0
-    assert model.compiles >= 2 and not model._packages  # the tree's bucket and the steps', kept in memory
+    # the tree's bucket and the steps', kept on disk: the same weights in another model load them
+    assert model.compiles >= 2 and {kind for kind, _ in model._packages} == {hf.INVARIANT}
+    again = _bf16_llama(hidden=576, intermediate=1536)
+    again.compile, again.kernel = True, hf.INVARIANT
+    assert _nodes_differing_from_one_token_steps(again, past=200) == 0
+    assert again.compiles == 0 and again._packages.keys() == model._packages.keys()
     # drafts fed with the prompt (the engine's first forward) go through a compiled step, as they do when
     # the prompt came alone (`ar`); fed eagerly with it (the known-wrong variant), they get other bits
     chain = _scored_after_a_prompt(model, 4, step_by_step=False)
@@ -611,10 +616,12 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     monkeypatch.setattr(hf.HFModel, "_prompt_then_steps", whole)
     # known-wrong variants: the invariant step with attention traced into the graph (no splits), and the fast
     # compiled step (attention traced, rows unpadded, a kernel per bucket)
-    run = hf.HFModel._run_compiled
-    monkeypatch.setattr(hf.HFModel, "_run_compiled", lambda self, *args, split=None: run(self, *args[:5]))
-    traced = _nodes_differing_from_one_token_steps(model, past=200)
-    monkeypatch.setattr(hf.HFModel, "_run_compiled", run)
+    invariant_step = hf.HFModel._invariant_step
+    monkeypatch.setattr(hf.HFModel, "_invariant_step", lambda self, *args: self._step(*args))
+    traced = _bf16_llama(hidden=576, intermediate=1536)
+    traced.compile, traced.kernel, traced._packaged = True, hf.INVARIANT, False  # not the packages made above
+    traced = _nodes_differing_from_one_token_steps(traced, past=200)
+    monkeypatch.setattr(hf.HFModel, "_invariant_step", invariant_step)
     fast = _bf16_llama(hidden=576, intermediate=1536)
     fast.compile, fast.kernel = True, "onednn"
     if traced == 0 or _nodes_differing_from_one_token_steps(fast, past=200) == 0 or torch.equal(wrong, chain):

@@ -382,8 +382,7 @@ class HFModel(LanguageModel):
             if self._packaging():
                 packaged.limit_bytes()  # a bad MULTISPEC_COMPILED_LIMIT_GB is refused, not taken for a failed compile
             try:
-                # the batch-invariant step splits each query's sum over values as the eager one does
-                logits = self._run_compiled(ids, pos, masks, slots, cache, static.splits(pos) if invariant else None)
+                logits = self._run_compiled(ids, pos, masks, slots, cache)
             except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
                 # nothing is committed before the compiled call returns (the length is set after it), so the
                 # same feed runs again from the top, eagerly
@@ -493,9 +492,13 @@ class HFModel(LanguageModel):
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
                           **extra).logits
 
-    def _run_compiled(self, ids, positions, masks, slots, cache, split=None):
-        # with splits, attention runs through the batch-invariant operator (`static.attention`)
-        args = (ids, positions, masks, slots, cache.keys, cache.values) + ((0, 0, split) if split is not None else ())
+    def _invariant_step(self, ids, positions, masks, slots, keys, values):
+        # with splits, attention runs through the batch-invariant operator (`static.attention`); they are a
+        # function of the positions, computed in the graph, so the step takes the plain step's arguments
+        return self._step(ids, positions, masks, slots, keys, values, 0, 0, static.splits(positions))
+
+    def _run_compiled(self, ids, positions, masks, slots, cache):
+        args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
         kind = self.kernels.get(shape)
         if kind is None:
@@ -516,7 +519,7 @@ class HFModel(LanguageModel):
                 ids, positions, masks, slots, keys, values = args
                 masks = {k: m.contiguous() for k, m in masks.items()} if isinstance(masks, dict) else masks.contiguous()
                 return step(ids, positions, masks, slots, keys, values)
-        ids, positions, masks, slots, keys, values = args[:6]
+        ids, positions, masks, slots, keys, values = args
         for m in masks.values() if isinstance(masks, dict) else (masks,):
             torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
         for buffer in (*keys, *values):
@@ -529,7 +532,7 @@ class HFModel(LanguageModel):
             # a few hundred guards took about 0.8 ms of a target step here; guards on the inputs stay.
             isolated = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}  # torch < 2.13 lacks it
             self._compiled[kind] = torch.compile(
-                self._step, dynamic=None, **isolated,
+                self._invariant_step if kind == INVARIANT else self._step, dynamic=None, **isolated,
                 options={**kernels, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
         if (kind, shape) not in self._shapes:
@@ -580,9 +583,7 @@ class HFModel(LanguageModel):
         unless turned off or found not to export."""
         if self._packaged is None:
             devices = set((getattr(self.model, "hf_device_map", None) or {}).values())
-            # the batch-invariant step calls a Python operator (`static.attend`): compiled per process
-            self._packaged = (self.device.type == "cpu" and len(devices) <= 1 and packaged.enabled()
-                              and self.kernel != INVARIANT)
+            self._packaged = self.device.type == "cpu" and len(devices) <= 1 and packaged.enabled()
         return self._packaged
 
     def _package_key(self) -> str:
@@ -601,7 +602,8 @@ class HFModel(LanguageModel):
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
             try:
                 with _compile_settings(kernels):
-                    packaged.build(path, self._package_key(), self.model, self._step, args, kernels)
+                    packaged.build(path, self._package_key(), self.model,
+                                   self._invariant_step if kind == INVARIANT else self._step, args, kernels)
                 step = packaged.load(path)
                 if step is None:
                     raise RuntimeError(f"the package written to {path} does not load")

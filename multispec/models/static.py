@@ -85,7 +85,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             # operators per layer, and only the batch-invariant compiled step (which passes splits) needs it
             return attend_traced(query, keys[:, :, :width], values[:, :, :width, :-1], attention_mask,
                                  float(scaling), float(softcap or 0.0)).transpose(1, 2), None
-        k, v = keys[:, :, :width], values[:, :, : whole_blocks(width)]
+        # the whole buffers: `attend` reads the first `width` slots (slicing them here would tie the key length
+        # to the cache's capacity in an exported step)
+        k, v = keys, values
     else:
         k, v, split = key.float(), with_ones(value), None
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0), split).transpose(1, 2), None
@@ -128,7 +130,10 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     (`with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
     additive float mask [B, 1, n, K], optionally each query's split [B, n] (`splits`) -> [B, Hq, n, dv],
     computed in float32 whatever the query's type (torch's fused kernel is slower than this for a few queries on
-    a CPU; with splits, the slots from a query's split on in float64), cast to the query's."""
+    a CPU; with splits, the slots from a query's split on in float64), cast to the query's. Keys and values may
+    be longer (a cache's buffers): the slots past the mask's K are not read."""
+    if mask is not None and keys.shape[2] > mask.shape[-1]:
+        keys, values = keys[:, :, : mask.shape[-1]], values[:, :, : whole_blocks(mask.shape[-1])]
     n = query.shape[2]
     if n <= QUERY_CHUNK:
         return _attend_block(query, keys, values, mask, scaling, softcap, split=split)
