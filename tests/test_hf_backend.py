@@ -605,6 +605,8 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     again.compile, again.kernel = True, hf.INVARIANT
     assert _nodes_differing_from_one_token_steps(again, past=200) == 0
     assert again.compiles == 0 and again._packages.keys() == model._packages.keys()
+    # the tree's bucket was checked against one-token steps on this machine when it first ran (a chain of 32)
+    assert model.invariance[32] == 0 and again.invariance[32] == 0
     # drafts fed with the prompt (the engine's first forward) go through a compiled step, as they do when
     # the prompt came alone (`ar`); fed eagerly with it (the known-wrong variant), they get other bits
     chain = _scored_after_a_prompt(model, 4, step_by_step=False)
@@ -626,6 +628,29 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     fast.compile, fast.kernel = True, "onednn"
     if traced == 0 or _nodes_differing_from_one_token_steps(fast, past=200) == 0 or torch.equal(wrong, chain):
         pytest.skip("this machine gives the same bits either way: a known-wrong variant shows nothing")
+    # where the fast step's kernels change with the rows, the check that runs on first use finds it
+    assert fast._probe_invariance(32) > 0
+
+
+def test_a_batch_invariant_step_that_fails_its_check_says_so_and_the_machine_remembers(tmp_path, monkeypatch,
+                                                                                        capsys):
+    # the outcome of `_check_invariance` (its probe is the real forwards, checked above) is kept beside the
+    # kernel choices for these weights: a later model of the same weights says so again without probing
+    from multispec.models import hf
+
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    probed = []
+    monkeypatch.setattr(hf.HFModel, "_probe_invariance", lambda self, width: probed.append(width) or 3)
+    first, again = (hf.HFModel(tiny_llama(seed=4).model, None, name="tiny", compile="invariant") for _ in range(2))
+    first._check_invariance(1)  # the one-token step's own bucket: nothing to compare
+    first._check_invariance(8)
+    assert probed == [8] and first.invariance == {1: 0, 8: 3}
+    assert "step for 8 new tokens gave 3 of 8 tokens other logits than one-token steps" in capsys.readouterr().err
+    again._check_invariance(8)
+    assert probed == [8] and again.invariance == {8: 3} and "gave 3 of 8" in capsys.readouterr().err
+    other = hf.HFModel(tiny_llama(seed=5).model, None, name="tiny", compile="invariant")
+    other._check_invariance(8)  # other weights: probed again
+    assert probed == [8, 8]
 
 
 def test_compile_takes_true_false_or_invariant():

@@ -51,6 +51,7 @@ CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 # speculative outputs drift from greedy `ar` in a reduced precision.
 INVARIANT = "invariant"
 INVARIANT_KERNELS = {"freezing": True}
+INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
 
 
 def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
@@ -168,6 +169,9 @@ class HFModel(LanguageModel):
         if self.kernel == INVARIANT and self.compile and self.device.type != "cpu":
             raise ValueError(f"compile={INVARIANT!r} is built and measured for CPUs; {self.device} has no such step")
         self.kernels: dict[tuple[int, int], str] = {}
+        # INVARIANT: a bucket of new tokens (one row) -> how many of its tokens got other logits than one-token
+        # steps when checked on this machine (`_check_invariance`; 0: the same bits)
+        self.invariance: dict[int, int] = {}
         self._shapes: set[tuple[str, tuple[int, int]]] = set()
         # a bucket of new tokens -> a larger one whose compiled step ran faster here (one row; set by measuring
         # the cost curve in this process, `multispec.models.cost`); padding rows are masked out and dropped
@@ -390,6 +394,9 @@ class HFModel(LanguageModel):
                 note(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
                       f"{' '.join(str(e).split())[:200]})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
+            if invariant and b == 1 and width not in self.invariance:
+                logits = logits.clone()  # the probe runs steps of its own before this feed returns
+                self._check_invariance(width)
         else:
             keep = min(n, logits_to_keep or n)
             # a prompt's start attends through torch's fused attention (one pass where the batch-invariant
@@ -491,6 +498,41 @@ class HFModel(LanguageModel):
         return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
                           **extra).logits
+
+    def _check_invariance(self, width: int) -> None:
+        """The batch-invariant step for `width` new tokens (one row) against one-token steps, once per bucket on
+        this machine (the outcome is kept beside the kernel choices): a chain of `width` tokens after a short
+        prompt, scored in one step and one token at a time, must get the same logits bit for bit. Batch
+        invariance rests on kernels that do not change with the rows (`INVARIANT_KERNELS`, `min_rows` measured on
+        the eager kernels); where this machine's do, a line says so, and `invariance` keeps the count."""
+        self.invariance[width] = 0  # the probe's own feeds come back through `forward`
+        if width <= bucket(max(1, self.min_rows)):
+            return  # the one-token step's own bucket
+        differing = _stored_check(self, width)
+        if differing is None:
+            compiled_before, t0 = self.compile_seconds, time.perf_counter()
+            differing = self._probe_invariance(width)
+            _store_check(self, width, differing)
+            # a one-time cost, kept out of decoding time as compiling is
+            self.compile_seconds = compiled_before + time.perf_counter() - t0
+        self.invariance[width] = differing
+        if differing:
+            note(f"multispec: {self.name}'s batch-invariant step for {width} new tokens gave {differing} of {width} "
+                 "tokens other logits than one-token steps on this machine: its kernels change with the rows "
+                 "here, and greedy speculative outputs may differ from greedy ar's")
+
+    def _probe_invariance(self, width: int) -> int:
+        """Of a chain of `width` random tokens after a short prompt, how many get other logits scored in one
+        forward than one token at a time (bit for bit)."""
+        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + width), generator=torch.Generator().manual_seed(0))
+        prompt, chain = ids[:, :INVARIANCE_PROMPT], ids[:, INVARIANCE_PROMPT:]
+        cache = self.new_cache()
+        self.forward(cache, prompt, logits_to_keep=1)
+        whole = self.forward(cache, chain)[0]
+        cache = self.new_cache()
+        self.forward(cache, prompt, logits_to_keep=1)
+        steps = torch.cat([self.forward(cache, chain[:, i : i + 1])[0] for i in range(width)])
+        return int((whole != steps).any(-1).sum())
 
     def _invariant_step(self, ids, positions, masks, slots, keys, values):
         # with splits, attention runs through the batch-invariant operator (`static.attention`); they are a
@@ -765,6 +807,26 @@ def _stored_kernel(model, shape) -> str | None:
     entry = choices.get(f"{shape[0]}x{shape[1]}") if isinstance(choices, dict) else None
     kind = entry.get("kernel") if isinstance(entry, dict) else None
     return kind if kind in KERNELS else None
+
+
+def _stored_check(model, width: int) -> int | None:
+    """`HFModel._check_invariance`'s outcome for this bucket from an earlier process on this machine, if any."""
+    from .cost import read_store
+
+    choices = read_store(_kernel_store()).get(model._package_key())  # the weights too: a check is of one model's
+    entry = choices.get(f"{INVARIANT} 1x{width}") if isinstance(choices, dict) else None
+    differing = entry.get("differing") if isinstance(entry, dict) else None
+    return differing if isinstance(differing, int) else None
+
+
+def _store_check(model, width: int, differing: int) -> None:
+    from .cost import read_store, write_store_entry
+
+    store, key = _kernel_store(), model._package_key()
+    choices = read_store(store).get(key)
+    choices = choices if isinstance(choices, dict) else {}
+    choices[f"{INVARIANT} 1x{width}"] = {"differing": differing, "of": width}
+    write_store_entry(store, key, choices)
 
 
 def _store_kernel(model, shape, kind: str, seconds: dict[str, float]) -> None:
