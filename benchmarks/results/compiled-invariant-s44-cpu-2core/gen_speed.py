@@ -2,7 +2,7 @@
 compiled (as shipped) or compiled batch-invariant. Six Spec-Bench dev prompts (one per category, spread), 64
 new tokens, transformers' own `generate` on the same target (as it ships, `hf`), then `ar`, `sd:gamma=4` and the
 default method; tokens/s from `stats` (decoding: prefill in, one-time compiles out), a warm-up generation first per
-method:
+method; session 45 added the target's milliseconds per call (compiled-invariant-packaged-s45 ran it so):
 
     python benchmarks/results/compiled-invariant-s44-cpu-2core/gen_speed.py invariant
 """
@@ -34,14 +34,17 @@ def main(mode: str) -> None:
     for method in METHODS:
         generate(pair.target, pair.draft, pair.target.encode(prompts[0].text), method=method, temperature=0,
                  max_new_tokens=64, score=False)  # warm-up: compiles and cost curves stay out of the rows
-        tokens = seconds = 0.0
+        tokens = seconds = target = calls = 0.0
         for p in prompts:
             out = generate(pair.target, pair.draft, pair.target.encode(p.text), method=method, temperature=0,
                            max_new_tokens=64, score=False)
             tokens += len(out.token_ids)
             seconds += out.stats["seconds"]
+            target += out.stats["target_seconds"] - out.stats["prefill_seconds"]
+            calls += out.stats["target_calls"] - 1
         print(json.dumps({"mode": mode, "method": method, "prompts": len(prompts), "tokens": tokens,
-                          "tokens_per_second": round(tokens / seconds, 2)}), flush=True)
+                          "tokens_per_second": round(tokens / seconds, 2),
+                          "target_ms_per_call": round(1e3 * target / calls, 2)}), flush=True)
 
 
 if __name__ == "__main__":
