@@ -813,7 +813,7 @@ def _stored_check(model, width: int) -> int | None:
     """`HFModel._check_invariance`'s outcome for this bucket from an earlier process on this machine, if any."""
     from .cost import read_store
 
-    choices = read_store(_kernel_store()).get(model._package_key())  # the weights too: a check is of one model's
+    choices = read_store(_kernel_store()).get(model._package_key())  # keyed with the weights: one model's step
     entry = choices.get(f"{INVARIANT} 1x{width}") if isinstance(choices, dict) else None
     differing = entry.get("differing") if isinstance(entry, dict) else None
     return differing if isinstance(differing, int) else None
