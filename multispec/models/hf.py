@@ -539,6 +539,10 @@ class HFModel(LanguageModel):
         # function of the positions, computed in the graph, so the step takes the plain step's arguments
         return self._step(ids, positions, masks, slots, keys, values, 0, 0, static.splits(positions))
 
+    def _step_for(self, kind: str):
+        """The function a kernel variant's compiled step runs."""
+        return self._invariant_step if kind == INVARIANT else self._step
+
     def _run_compiled(self, ids, positions, masks, slots, cache):
         args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
@@ -574,7 +578,7 @@ class HFModel(LanguageModel):
             # a few hundred guards took about 0.8 ms of a target step here; guards on the inputs stay.
             isolated = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}  # torch < 2.13 lacks it
             self._compiled[kind] = torch.compile(
-                self._invariant_step if kind == INVARIANT else self._step, dynamic=None, **isolated,
+                self._step_for(kind), dynamic=None, **isolated,
                 options={**kernels, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
         if (kind, shape) not in self._shapes:
@@ -644,8 +648,7 @@ class HFModel(LanguageModel):
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
             try:
                 with _compile_settings(kernels):
-                    packaged.build(path, self._package_key(), self.model,
-                                   self._invariant_step if kind == INVARIANT else self._step, args, kernels)
+                    packaged.build(path, self._package_key(), self.model, self._step_for(kind), args, kernels)
                 step = packaged.load(path)
                 if step is None:
                     raise RuntimeError(f"the package written to {path} does not load")
@@ -799,41 +802,42 @@ def _kernel_store():
     return _store_path().with_name("compiled_kernels.json")
 
 
-def _stored_kernel(model, shape) -> str | None:
-    """The variant chosen for this shape by an earlier process on this machine, if any."""
+def _stored_entry(key: str, name: str) -> dict | None:
+    """Entry `name` under `key` in this machine's kernel store, if an earlier process wrote one."""
     from .cost import read_store
 
-    choices = read_store(_kernel_store()).get(_kernel_key(model))
-    entry = choices.get(f"{shape[0]}x{shape[1]}") if isinstance(choices, dict) else None
-    kind = entry.get("kernel") if isinstance(entry, dict) else None
+    choices = read_store(_kernel_store()).get(key)
+    entry = choices.get(name) if isinstance(choices, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def _store_entry(key: str, name: str, entry: dict) -> None:
+    from .cost import read_store, write_store_entry
+
+    store = _kernel_store()
+    choices = read_store(store).get(key)
+    choices = choices if isinstance(choices, dict) else {}
+    choices[name] = entry
+    write_store_entry(store, key, choices)
+
+
+def _stored_kernel(model, shape) -> str | None:
+    """The variant chosen for this shape by an earlier process on this machine, if any."""
+    kind = (_stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}") or {}).get("kernel")
     return kind if kind in KERNELS else None
 
 
 def _stored_check(model, width: int) -> int | None:
-    """`HFModel._check_invariance`'s outcome for this bucket from an earlier process on this machine, if any."""
-    from .cost import read_store
-
-    choices = read_store(_kernel_store()).get(model._package_key())  # keyed with the weights: one model's step
-    entry = choices.get(f"{INVARIANT} 1x{width}") if isinstance(choices, dict) else None
-    differing = entry.get("differing") if isinstance(entry, dict) else None
+    """`HFModel._check_invariance`'s outcome for this bucket from an earlier process on this machine, if any
+    (keyed with the weights: a check is of one model's step)."""
+    differing = (_stored_entry(model._package_key(), f"{INVARIANT} 1x{width}") or {}).get("differing")
     return differing if isinstance(differing, int) else None
 
 
 def _store_check(model, width: int, differing: int) -> None:
-    from .cost import read_store, write_store_entry
-
-    store, key = _kernel_store(), model._package_key()
-    choices = read_store(store).get(key)
-    choices = choices if isinstance(choices, dict) else {}
-    choices[f"{INVARIANT} 1x{width}"] = {"differing": differing, "of": width}
-    write_store_entry(store, key, choices)
+    _store_entry(model._package_key(), f"{INVARIANT} 1x{width}", {"differing": differing, "of": width})
 
 
 def _store_kernel(model, shape, kind: str, seconds: dict[str, float]) -> None:
-    from .cost import read_store, write_store_entry
-
-    store, key = _kernel_store(), _kernel_key(model)
-    choices = read_store(store).get(key)
-    choices = choices if isinstance(choices, dict) else {}
-    choices[f"{shape[0]}x{shape[1]}"] = {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}
-    write_store_entry(store, key, choices)
+    _store_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}",
+                 {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
