@@ -7,7 +7,7 @@
              cost against the curve (a tree's forward goes through an explicit mask); one `mcsd` run on a
              one-node chain gives, with the 4-draft chain on the same prompt, a chain's own work line (a
              chain skips a tree's masks and bookkeeping); one `ar` run gives its own per-step figures, and
-             one `sd` run its chains' (sd runs them another way than mcsd).
+             `sd` runs of two lengths, on the chain probes' prompts, its chains' (sd runs them another way).
 3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
              sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
              predicted tokens/s.
@@ -99,10 +99,12 @@ class TuneResult:
     probe: dict = field(default_factory=dict)
 
 
-def _run(target, draft, prompts: list[Prompt], method: str, params: dict, settings: dict) -> list[dict]:
+def _run(target, draft, prompts: list[Prompt], method: str, params: dict, settings: dict, first: int = 0
+         ) -> list[dict]:
+    """Stats of `method` on `prompts`; the i-th prompt's seed is the settings' + first + i."""
     return [generate(target, draft, p.text, method=method, max_new_tokens=settings["max_new_tokens"],
                      temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
-                     seed=settings["seed"] + i, chat=settings["chat"], score=False, **params).stats
+                     seed=settings["seed"] + first + i, chat=settings["chat"], score=False, **params).stats
             for i, p in enumerate(prompts)]
 
 
@@ -153,12 +155,19 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
     ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
     # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
-    # per-iteration work and forward factors, from one run, as ar's (mcsd's chain probes overstated them)
-    chained = _run(target, draft, prompts[1:2], "sd", {"gamma": PROBE_CHAIN, "drafter": "model"}, settings)[0]
-    sd_factors = _forward_factors([(TokenTree.chain(PROBE_CHAIN), chained, prompt_tokens[1])], target_cost,
-                                  draft_cost)["chain"]
-    sd_per_node = overhead[1]
-    sd_base = max(0.0, chained["other_seconds"] / max(1, chained["iterations"]) - sd_per_node * PROBE_CHAIN)
+    # per-iteration work line and forward factors, from sd runs on the chain probes' prompts at two lengths
+    # (mcsd's chain probes overstated them; one run's factor swung by a fifth from prompt to prompt at T = 1)
+    sd_runs = []
+    for j, i in enumerate(range(1, len(prompts), 2)):
+        gamma = PROBE_CHAIN if j % 2 == 0 else 1
+        st = _run(target, draft, [prompts[i]], "sd", {"gamma": gamma, "drafter": "model"}, settings)[0]
+        sd_runs.append((TokenTree.chain(gamma), st, prompt_tokens[i]))
+    sd_factors = _forward_factors(sd_runs, target_cost, draft_cost)["chain"]
+    sd_base, sd_per_node = _fit_overhead([(shape.size, st["other_seconds"] / st["iterations"])
+                                          for shape, st, _ in sd_runs if st["iterations"]])
+    if len({shape.size for shape, _, _ in sd_runs}) < 2:  # one length only (two prompts): mcsd's slope
+        sd_per_node = overhead[1]
+        sd_base = max(0.0, sd_base - sd_per_node * PROBE_CHAIN)
     lengths = [st["new_tokens"] for _, st, _ in runs]
     context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
     # the prompt's forwards (prefill, measured in the probe runs) are paid once per generation: spread over
@@ -240,15 +249,21 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     to_measure = ranked[:measure] + [c for c in (best_chain, candidates[0]) if c not in ranked[:measure]]
     for c in to_measure:
         say(f"measuring {c.label} (predicted {c.predicted_tokens_per_second:.1f} tokens/s) ...")
-        stats = _run(target, draft, prompts, c.method, c.params, settings)
-        new = sum(s["new_tokens"] for s in stats)
-        c.measured_tokens_per_second = new / sum(s["seconds"] for s in stats)
-        c.measured_block_efficiency = new / max(1, sum(s["target_calls"] for s in stats))
+    # prompt by prompt, every candidate on each: a drift of the host's speed (15 % between two runs of the same
+    # tokens minutes apart) then falls on all candidates alike, not on whichever ran during it
+    stats: list[list[dict]] = [[] for _ in to_measure]
+    for i, prompt in enumerate(prompts):
+        for c, runs in zip(to_measure, stats, strict=True):
+            runs += _run(target, draft, [prompt], c.method, c.params, settings, first=i)
+    for c, runs in zip(to_measure, stats, strict=True):
+        new = sum(s["new_tokens"] for s in runs)
+        c.measured_tokens_per_second = new / sum(s["seconds"] for s in runs)
+        c.measured_block_efficiency = new / max(1, sum(s["target_calls"] for s in runs))
     chosen = max(to_measure, key=lambda c: c.measured_tokens_per_second)
     probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
              "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "sd": sd_factors,
                                  "ar": ar_factor},
-             "sd_overhead_seconds": [sd_base, sd_per_node], "chain_overhead_seconds": list(chain_overhead),
+             "sd_chains": [shape.size for shape, _, _ in sd_runs], "sd_overhead_seconds": [sd_base, sd_per_node], "chain_overhead_seconds": list(chain_overhead),
              "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 

@@ -391,6 +391,8 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert work[0] == work[2] == f"{result.overhead[0] * 1000:.3f}" and "factors" not in auto.params
     chain = result.probe["chain_overhead_seconds"]
     assert len(chain) == 2 and chain[0] >= 0 and chain[1] >= 0
+    # sd's own line from sd runs of two lengths on the chain probes' prompts (1 and 3)
+    assert result.probe["sd_chains"] == [4, 1] and min(result.probe["sd_overhead_seconds"]) >= 0
     path = write_plan(result, tmp_path / "plan.json", {"target": target.name, "draft": draft.name})
     plan = load_plan(path)
     assert plan.data["evidence"]["candidates"] and plan.spec.startswith(result.chosen.method)
