@@ -241,6 +241,58 @@ def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator 
     return torch.from_numpy(columns), torch.from_numpy(alive)
 
 
+def draws_by_rows(rows: torch.Tensor, mass: torch.Tensor, k: int, generator: torch.Generator | None = None
+                  ) -> torch.Tensor:
+    """k flat indices b * V + v drawn one after another without replacement from the weights mass[b] * rows[b, v]
+    (rows [B, V], CPU float; mass [B]), in draw order: `sequential_draws` on those weights flattened into one row,
+    with the same uniforms, but with a cumulative sum only of the rows that draws land in, not of all B x V
+    entries (MTAD's beams: 8 x 49k per depth). A point is placed among the rows by their totals, then inverted
+    in its row's own sum. k must not exceed the number of entries of weight > 0."""
+    held = rows.numpy()
+    share = mass.double().numpy()
+    n, vocab = held.shape
+    widths = share * rows.sum(-1, dtype=torch.float64).numpy()  # [B] each row's part of the flattened sum
+    ends = np.cumsum(widths)
+    total = float(ends[-1])
+    if not (math.isfinite(total) and total > 0):
+        raise ValueError("cannot draw from weights that are not finite or sum to zero")
+    sums: dict[int, np.ndarray] = {}
+
+    def locate(point: float) -> int:
+        b = int(np.searchsorted(ends, point, side="right"))
+        if b >= n or widths[b] <= 0:  # rounding put the point at or past the end: the last entry of weight > 0
+            b = n - 1 - int(np.argmax(widths[::-1] > 0))
+            point = math.inf
+        if b not in sums:
+            sums[b] = torch.cumsum(rows[b], 0, dtype=torch.float64).numpy()
+        start = float(ends[b - 1]) if b else 0.0
+        return b * vocab + _invert(held[b], sums[b], (point - start) / share[b])
+
+    picks: list[int] = []
+    weights: list[float] = []  # the drawn entries' weights
+    taken = 0.0
+    for j in range(k):
+        uniform = float(torch.rand(1, 1, generator=generator, dtype=torch.float64))
+        point = uniform * (total - taken)
+        index = locate(point)
+        if j:  # step over the drawn entries at or before the index (see `_sequential_numpy`)
+            shift = 0.0
+            while True:
+                new = sum(w for p, w in zip(picks, weights, strict=True) if p <= index)
+                if new == shift:
+                    break
+                shift, index = new, locate(point + new)
+            if index in picks:  # a rounding boundary: draw from the weights as left
+                left = (rows.double() * mass.double()[:, None]).reshape(-1).numpy()
+                left[picks] = 0.0
+                index = _invert(left, np.cumsum(left), uniform * left.sum())
+        b, v = divmod(index, vocab)
+        picks.append(index)
+        weights.append(float(share[b]) * float(held[b, v]))
+        taken += weights[-1]
+    return torch.tensor(picks, dtype=torch.long)
+
+
 def _invert(row: np.ndarray, cdf: np.ndarray, point: float) -> int:
     """The first index whose cumulative weight exceeds `point` (right-sided: it has weight > 0), or the last
     index of weight > 0 when rounding puts the point at or past the end."""

@@ -215,6 +215,57 @@ def test_draws_without_replacement_from_few_rows_are_made_in_numpy_with_the_same
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_draws_by_rows_are_the_draws_over_the_flattened_weights(dtype):
+    # mass[b] * rows[b, v] flattened, drawn without replacement: the same indices from the same uniforms, and the
+    # generator left where the flat draws leave it; zeros in the rows, a row of no mass, a row of few tokens
+    from multispec import warp
+
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(40):
+        n, vocab = 1 + trial % 6, 50 + 37 * (trial % 4)
+        rows = torch.rand(n, vocab, generator=gen, dtype=dtype) ** 4 * (torch.rand(n, vocab, generator=gen) > 0.3)
+        rows = rows / rows.sum(-1, keepdim=True)
+        mass = torch.softmax(3 * torch.randn(n, generator=gen, dtype=torch.float64), -1).to(dtype)
+        if n > 2:
+            mass[1] = 0
+            rows[2, 3:] = 0
+            rows[2, :3] = 1 / 3
+        flat = (rows * mass[:, None]).reshape(1, -1)
+        k = min(8, int(torch.count_nonzero(flat)))
+        ours = warp.draws_by_rows(rows, mass, k, torch.Generator().manual_seed(trial))
+        g = torch.Generator().manual_seed(trial)
+        theirs = warp.sequential_draws(flat, k, g)[0][0]
+        assert ours.tolist() == theirs.tolist()
+        assert all(mass[i // vocab] > 0 and rows[i // vocab, i % vocab] > 0 for i in ours.tolist())
+    with pytest.raises(ValueError, match="sum to zero"):
+        warp.draws_by_rows(torch.ones(2, 3), torch.zeros(2), 1)
+
+
+def test_draws_by_rows_follow_the_law_of_draws_without_replacement():
+    from scipy.stats import chisquare
+
+    from multispec.warp import draws_by_rows
+
+    rows = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.0, 0.9]], dtype=torch.float64)
+    mass = torch.tensor([0.6, 0.4], dtype=torch.float64)
+    w = (rows * mass[:, None]).reshape(-1).tolist()
+    g = torch.Generator().manual_seed(2)
+    n = 20_000
+    counts: dict[tuple[int, int], int] = {}
+    for _ in range(n):
+        key = tuple(draws_by_rows(rows, mass, 2, g).tolist())
+        counts[key] = counts.get(key, 0) + 1
+    pairs = [(i, j) for i in range(6) for j in range(6) if i != j and w[i] > 0 and w[j] > 0]
+    assert set(counts) <= set(pairs)
+    exact = [n * w[i] * w[j] / (1 - w[i]) for i, j in pairs]
+    assert chisquare([counts.get(t, 0) for t in pairs], exact).pvalue > 1e-3
+    # a known-wrong law: the second draw from the full weights again, renormalised without the first (as if the
+    # first had weight 0 only in the row it came from): the row totals would then be off
+    wrong = [n * w[i] * (w[j] / (1 - w[i]) if i // 3 == j // 3 else w[j]) for i, j in pairs]
+    wrong = [x * n / sum(wrong) for x in wrong]
+    assert chisquare([counts.get(t, 0) for t in pairs], wrong).pvalue < 1e-6
+
 @pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=50), Sampling(0.9, top_p=0.8), Sampling(0.0)])
 def test_rows_made_one_by_one_equal_the_batched_rows(sampling):
     logits = torch.randn(5, 4099, generator=torch.Generator().manual_seed(0)) * 4

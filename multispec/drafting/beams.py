@@ -15,7 +15,7 @@ from ..engine import Entries, Hypotheses, ModelRunner
 from ..trees import TokenTree
 from ..verify.beam import beam_distribution
 from ..verify.verdict import Verdict
-from ..warp import categorical, draw_without_replacement, largest, sequential_draws
+from ..warp import categorical, draw_without_replacement, draws_by_rows, largest, sequential_draws
 from .base import Proposal, Setup
 from .model import ModelDrafter
 
@@ -190,10 +190,15 @@ class BeamDraft(ModelDrafter):
             raw = norm if t == 1 else _softmax_rows(x, probs=False)[1]
             log_mass = score / t + norm - raw / t
         mass = torch.softmax(log_mass, -1).to(row.dtype)  # [B]
-        # [1, B * V]; the joint warp's rows are ours to scale in place, the row warp's are read again below
-        weights = (row * mass[:, None] if self.warp == "rows" else row.mul_(mass[:, None])).reshape(1, -1)
-        k = min(self.width, int(torch.count_nonzero(weights)))
-        picks = sequential_draws(weights, k, self.setup.generator)[0][0]  # k <= the support: every draw is live
+        if row.device.type == "cpu":  # the rows' sums, not one over all B x V weights
+            live = mass > 0
+            support = int(torch.count_nonzero(row if bool(live.all()) else row[live]))
+            picks = draws_by_rows(row, mass, min(self.width, support), self.setup.generator)
+        else:
+            # [1, B * V]; the joint warp's rows are ours to scale in place, the row warp's are read again below
+            weights = (row * mass[:, None] if self.warp == "rows" else row.mul_(mass[:, None])).reshape(1, -1)
+            k = min(self.width, int(torch.count_nonzero(weights)))
+            picks = sequential_draws(weights, k, self.setup.generator)[0][0]  # k <= the support: all draws live
         vocab = x.shape[-1]
         beam, token = picks.div(vocab, rounding_mode="floor"), picks.remainder(vocab)
         picked = x[beam, token].double()
