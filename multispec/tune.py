@@ -263,7 +263,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     probe = {"tree": wide.parents.tolist(), "chain": PROBE_CHAIN, "prompts": len(prompts),
              "forward_factors": {"tree": factors["tree"], "chain": factors["chain"], "sd": sd_factors,
                                  "ar": ar_factor},
-             "sd_chains": [shape.size for shape, _, _ in sd_runs], "sd_overhead_seconds": [sd_base, sd_per_node], "chain_overhead_seconds": list(chain_overhead),
+             "sd_chains": [shape.size for shape, _, _ in sd_runs], "sd_overhead_seconds": [sd_base, sd_per_node],
+             "chain_overhead_seconds": list(chain_overhead),
              "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 

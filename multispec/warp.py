@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -199,8 +200,7 @@ def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator |
 def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator | None):
     """`sequential_draws` on few CPU float rows [n, V]: one cumulative sum per row, whatever k is. The draw
     from what a row has left inverts C(i) - S(i), C the row's cumulative sum and S(i) the drawn weights at or
-    before i, found by searching C at the uniform's point plus S and again until S stops growing (at most one
-    search per earlier draw). Same uniforms as the torch path, one per row and draw."""
+    before i (`_past_drawn`). Same uniforms as the torch path, one per row and draw."""
     rows = weights.to(torch.float64)
     held = rows.numpy()
     cdf = rows.cumsum(-1).numpy()
@@ -222,19 +222,13 @@ def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator 
             if not live[r]:
                 columns[r, j] = _invert(held[r], cdf[r], uniform[r] * total[r])
                 continue
-            point = uniform[r] * (total[r] - taken[r])
-            index = _invert(held[r], cdf[r], point)
-            if j:  # step over the drawn entries at or before the index
-                drawn, drawn_weight, shift = columns[r, :j], held[r, columns[r, :j]], 0.0
-                while True:
-                    new = float(drawn_weight[drawn <= index].sum())
-                    if new == shift:
-                        break
-                    shift, index = new, _invert(held[r], cdf[r], point + new)
-                if (drawn == index).any():  # a rounding boundary: draw from the row as left
-                    left = held[r].copy()
-                    left[drawn] = 0.0
-                    index = _invert(left, np.cumsum(left), uniform[r] * left.sum())
+            drawn = columns[r, :j]
+            index = _past_drawn(partial(_invert, held[r], cdf[r]), uniform[r] * (total[r] - taken[r]), drawn,
+                                held[r, drawn])
+            if (drawn == index).any():  # a rounding boundary: draw from the row as left
+                left = held[r].copy()
+                left[drawn] = 0.0
+                index = _invert(left, np.cumsum(left), uniform[r] * left.sum())
             columns[r, j] = index
             alive[r, j] = True
             taken[r] += held[r, index]
@@ -271,26 +265,32 @@ def draws_by_rows(rows: torch.Tensor, mass: torch.Tensor, k: int, generator: tor
     picks: list[int] = []
     weights: list[float] = []  # the drawn entries' weights
     taken = 0.0
-    for j in range(k):
+    for _ in range(k):
         uniform = float(torch.rand(1, 1, generator=generator, dtype=torch.float64))
-        point = uniform * (total - taken)
-        index = locate(point)
-        if j:  # step over the drawn entries at or before the index (see `_sequential_numpy`)
-            shift = 0.0
-            while True:
-                new = sum(w for p, w in zip(picks, weights, strict=True) if p <= index)
-                if new == shift:
-                    break
-                shift, index = new, locate(point + new)
-            if index in picks:  # a rounding boundary: draw from the weights as left
-                left = (rows.double() * mass.double()[:, None]).reshape(-1).numpy()
-                left[picks] = 0.0
-                index = _invert(left, np.cumsum(left), uniform * left.sum())
+        index = _past_drawn(locate, uniform * (total - taken), np.array(picks, dtype=np.int64), np.array(weights))
+        if index in picks:  # a rounding boundary: draw from the weights as left
+            left = (rows.double() * mass.double()[:, None]).reshape(-1).numpy()
+            left[picks] = 0.0
+            index = _invert(left, np.cumsum(left), uniform * left.sum())
         b, v = divmod(index, vocab)
         picks.append(index)
         weights.append(float(share[b]) * float(held[b, v]))
         taken += weights[-1]
     return torch.tensor(picks, dtype=torch.long)
+
+
+def _past_drawn(locate: Callable[[float], int], point: float, drawn: np.ndarray, drawn_weight: np.ndarray) -> int:
+    """Where a draw from the weights left after the entries `drawn` (with weights `drawn_weight`) lands at
+    `point` (a uniform times the weight left): `locate(x)` inverts the full weights' cumulative sum C at x, and
+    the draw inverts C(i) - S(i), S(i) the drawn weight at or before i, by moving the point past S of the found
+    index until S stops growing (at most one search per drawn entry). Rounding may still land it on a drawn
+    entry: the caller checks."""
+    index, shift = locate(point), 0.0
+    while True:
+        new = float(drawn_weight[drawn <= index].sum())
+        if new == shift:
+            return index
+        shift, index = new, locate(point + new)
 
 
 def _invert(row: np.ndarray, cdf: np.ndarray, point: float) -> int:

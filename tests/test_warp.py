@@ -214,7 +214,6 @@ def test_draws_without_replacement_from_few_rows_are_made_in_numpy_with_the_same
         assert torch.equal(ours, theirs)
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_draws_by_rows_are_the_draws_over_the_flattened_weights(dtype):
     # mass[b] * rows[b, v] flattened, drawn without replacement: the same indices from the same uniforms, and the
@@ -250,21 +249,32 @@ def test_draws_by_rows_follow_the_law_of_draws_without_replacement():
     rows = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.0, 0.9]], dtype=torch.float64)
     mass = torch.tensor([0.6, 0.4], dtype=torch.float64)
     w = (rows * mass[:, None]).reshape(-1).tolist()
-    g = torch.Generator().manual_seed(2)
-    n = 20_000
-    counts: dict[tuple[int, int], int] = {}
-    for _ in range(n):
-        key = tuple(draws_by_rows(rows, mass, 2, g).tolist())
-        counts[key] = counts.get(key, 0) + 1
     pairs = [(i, j) for i in range(6) for j in range(6) if i != j and w[i] > 0 and w[j] > 0]
-    assert set(counts) <= set(pairs)
-    exact = [n * w[i] * w[j] / (1 - w[i]) for i, j in pairs]
-    assert chisquare([counts.get(t, 0) for t in pairs], exact).pvalue > 1e-3
-    # a known-wrong law: the second draw from the full weights again, renormalised without the first (as if the
-    # first had weight 0 only in the row it came from): the row totals would then be off
-    wrong = [n * w[i] * (w[j] / (1 - w[i]) if i // 3 == j // 3 else w[j]) for i, j in pairs]
-    wrong = [x * n / sum(wrong) for x in wrong]
-    assert chisquare([counts.get(t, 0) for t in pairs], wrong).pvalue < 1e-6
+    exact = [w[i] * w[j] / (1 - w[i]) for i, j in pairs]
+
+    def pvalue(draw) -> float:
+        g = torch.Generator().manual_seed(2)
+        n = 20_000
+        counts: dict[tuple[int, int], int] = {}
+        for _ in range(n):
+            key = tuple(draw(rows, mass, 2, g).tolist())
+            counts[key] = counts.get(key, 0) + 1
+        assert set(counts) <= set(pairs)
+        return chisquare([counts.get(t, 0) for t in pairs], [n * x for x in exact]).pvalue
+
+    def row_by_its_first_share(rows, mass, k, g):
+        # known-wrong: each draw picks its row by the row's whole share, not by the weight the row has left
+        picks = []
+        for _ in range(k):
+            b = int(torch.multinomial(mass, 1, generator=g))
+            left = rows[b].clone()
+            left[[p % 3 for p in picks if p // 3 == b]] = 0
+            picks.append(3 * b + int(torch.multinomial(left, 1, generator=g)))
+        return torch.tensor(picks)
+
+    assert pvalue(draws_by_rows) > 1e-3
+    assert pvalue(row_by_its_first_share) < 1e-6
+
 
 @pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.7, top_k=50), Sampling(0.9, top_p=0.8), Sampling(0.0)])
 def test_rows_made_one_by_one_equal_the_batched_rows(sampling):
