@@ -251,6 +251,33 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     assert compiled.compiles == 1
 
 
+def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch):
+    # a write into a view of a cache buffer (the values without their column of ones) is exported as a scatter
+    # into a copy of the whole buffer: a step whose cost grows with the cache's capacity. The step writes whole
+    # entries into the buffers themselves
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    eager, compiled = tiny_llama(seed=3), tiny_llama(seed=3)
+    compiled.compile, compiled.kernel = True, "onednn"
+    programs = []
+    export = packaged.export
+    monkeypatch.setattr(packaged, "export", lambda *args: programs.append(export(*args)) or programs[-1])
+    ce, cc = eager.new_cache(), compiled.new_cache()
+    for model, cache in ((eager, ce), (compiled, cc)):
+        model.forward(cache, torch.tensor([PROMPT]))
+    step = torch.tensor([[9, 4]])
+    assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    (program,) = programs
+    # functional, as inductor compiles it: a write into a view becomes a scatter into its base
+    graph = program.run_decompositions({}).graph
+    ops = [str(node.target) for node in graph.nodes if node.op == "call_function"]
+    layers = compiled.model.config.num_hidden_layers
+    assert ops.count("aten.index_copy.default") == 2 * layers  # keys and values, per layer
+    assert not [op for op in ops if "scatter" in op]
+    for held, want in zip(cc.values, ce.values, strict=True):  # the column of ones stays
+        assert torch.equal(held[..., -1], torch.ones_like(held[..., -1]))
+        assert torch.allclose(held[:, :, : cc.length], want[:, :, : ce.length], atol=1e-5)
+
+
 def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, monkeypatch):
     # with the bucket of 4 routed to the 8 (as a measured cost curve does where the 8's kernel ran faster),
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits

@@ -141,6 +141,11 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     # eager static forwards pay for batch invariance (a draft's do not); in a reduced precision on a CPU, with
     # the float64 tail of each query's attention (`static.splits`), which curves measured before it lack
     variant = ""
+    if engine.startswith("compiled"):
+        from .hf import STEP_VERSION
+
+        # another compiled graph for the same model: its packages and curves are made again
+        variant = f"|step={STEP_VERSION}"
     if engine.startswith("static"):
         from . import static
 

@@ -51,6 +51,9 @@ CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 # speculative outputs drift from greedy `ar` in a reduced precision.
 INVARIANT = "invariant"
 INVARIANT_KERNELS = {"freezing": True}
+# bumped when the compiled step's graph changes (not its results): packages and cost curves of the old one are
+# made again. 2: values written into the cache buffer whole (`static.attention`)
+STEP_VERSION = 2
 INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
 
 

@@ -95,10 +95,8 @@ class Step(torch.nn.Module):
         return self._run(ids, positions, masks, slots, keys, values)
 
 
-def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tuple, kernels: dict) -> None:
-    """Export `run(*args)` (the key length, the masks' last dimension, and the cache capacity dynamic) and
-    compile it into a package at `path`; written under another name and renamed, so an interrupted compile
-    leaves nothing half-made."""
+def export(model: torch.nn.Module, run: Callable, args: tuple) -> torch.export.ExportedProgram:
+    """`run(*args)` exported, with the key length (the masks' last dimension) and the cache capacity dynamic."""
     from torch.export import Dim
 
     ids, positions, masks, slots, keys, values = args
@@ -112,7 +110,14 @@ def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tup
         # and types matter here
         examples = (ids.clone(), positions.clone(), pytree.tree_map(lambda m: m.contiguous().clone(), masks),
                     slots.clone(), [torch.zeros_like(k) for k in keys], [torch.zeros_like(v) for v in values])
-        program = torch.export.export(Step(model, run), examples, dynamic_shapes=spec, strict=False)
+        return torch.export.export(Step(model, run), examples, dynamic_shapes=spec, strict=False)
+
+
+def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tuple, kernels: dict) -> None:
+    """Export `run(*args)` and compile it into a package at `path`; written under another name and renamed, so
+    an interrupted compile leaves nothing half-made."""
+    program = export(model, run, args)
+    with torch.inference_mode(False), torch.no_grad():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".pt2")
         os.close(fd)

@@ -62,7 +62,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         if keys.device != slots.device:  # a model spread over devices (device_map): each layer's buffer is on its own
             slots, attention_mask = slots.to(keys.device), attention_mask.to(keys.device)
         keys.index_copy_(2, slots, key.to(keys.dtype))
-        values[..., :-1].index_copy_(2, slots, value.to(values.dtype))
+        # whole entries, ones included, into the buffer itself: a compiled step that writes into a view of it
+        # (the values without their ones) copies the whole buffer, a cost that grows with the capacity
+        values.index_copy_(2, slots, with_ones(value))
         width = attention_mask.shape[-1]
         fused = kwargs.get("ms_fused", 0)
         split = kwargs.get("ms_splits")
