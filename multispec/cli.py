@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=DEFAULTS)
     cp.add_argument("--clear", action="store_true", help="remove every kept compiled step")
     cp.add_argument("--model", default=None, help="only the steps of models whose name contains this")
+    cp.add_argument("--stale", action="store_true",
+                    help="only the steps of another compiled graph than this version's (listed as stale; they are "
+                         "never loaded again, and the next compile removes them)")
 
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
     m.add_argument("--json", action="store_true", help="print one JSON object")
@@ -502,7 +505,8 @@ def cmd_compiled(args) -> int:
 
     from .models import packaged
 
-    found = [p for p in packaged.packages() if args.model is None or args.model in p["model"]]
+    found = [p for p in packaged.packages()
+             if (args.model is None or args.model in p["model"]) and (p["stale"] or not args.stale)]
     if args.clear:
         for p in found:
             packaged.remove(p["path"])
@@ -516,7 +520,7 @@ def cmd_compiled(args) -> int:
         dtype = next((f for f in p["key"].split("|") if f.startswith("torch.")), "")
         used = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(p["used"]))
         print(f"  {p['model']}  {dtype}  {p['path'].stem}  {p['bytes'] / 1e6:.0f} MB  used {used}  "
-              f"weights {fields.get('weights', '?')[:8]}  {p['path'].parent.name}")
+              f"weights {fields.get('weights', '?')[:8]}  {p['path'].parent.name}" + ("  stale" if p["stale"] else ""))
     return 0
 
 

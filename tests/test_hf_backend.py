@@ -2,13 +2,14 @@
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from multispec import generate
 from multispec.engine import Entries, ModelRunner
-from multispec.models import packaged, static
+from multispec.models import hf, packaged, static
 from multispec.trees import TokenTree
 from tests.conftest import tiny_llama
 
@@ -366,7 +367,9 @@ def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_i
             assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
         return compiled.compiles
 
+    stale = put_package("older", "tiny|torch.float32|cpu|compiled|threads=2|weights=0")  # no step version
     assert run(seed=9) == 1
+    assert not stale.exists() and "removed 1 compiled step(s) of an older graph" in capsys.readouterr().err
     (package,) = (tmp_path / "compiled").rglob("onednn-1x2.pt2")
     assert run(seed=9) == 0 and "loaded the compiled step of tiny" in capsys.readouterr().err
     assert run(seed=10) == 1  # same name and architecture, other weights
@@ -392,6 +395,31 @@ def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_i
     monkeypatch.setenv("MULTISPEC_COMPILED_LIMIT_GB", "lots")
     with pytest.raises(ValueError, match="MULTISPEC_COMPILED_LIMIT_GB='lots': give the gigabytes"):
         run(seed=11)
+
+
+def put_package(folder: str, key: str) -> Path:
+    """A file where a compiled step of `key` would be kept (not a package: enough to list and remove)."""
+    path = packaged.folder() / folder / "onednn-1x1.pt2"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"x" * 1000)
+    (path.parent / "key.json").write_text(json.dumps({"key": key}))
+    return path
+
+
+def test_steps_of_another_compiled_graph_are_listed_stale_and_cleared(capsys):
+    from multispec.cli import main
+
+    now = put_package("now", f"tiny|torch.float32|cpu|compiled|threads=2|step={hf.STEP_VERSION}|weights=0")
+    old = put_package("old", "tiny|torch.float32|cpu|compiled|threads=2|weights=0")
+    older = put_package("older", f"tiny|torch.float32|cpu|compiled+invariant|step={hf.STEP_VERSION - 1}|weights=0")
+    assert [p["stale"] for p in sorted(packaged.packages(), key=lambda p: str(p["path"]))] == [False, True, True]
+    assert main(["compiled"]) == 0
+    listed = capsys.readouterr().out
+    assert "3 compiled step(s)" in listed and listed.count("stale") == 2
+    assert main(["compiled", "--clear", "--stale"]) == 0
+    assert "removed 2 compiled step(s)" in capsys.readouterr().out
+    assert now.exists() and not old.exists() and not older.exists()
+    assert packaged.prune_stale() == []
 
 
 def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):

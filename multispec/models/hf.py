@@ -662,6 +662,10 @@ class HFModel(LanguageModel):
                 return None
             self.compiles += 1
             note(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)")
+            outdated = packaged.prune_stale()
+            if outdated:
+                note(f"multispec: removed {len(outdated)} compiled step(s) of an older graph "
+                     f"({sum(p['bytes'] for p in outdated) / 1e6:.0f} MB): this version compiles its own")
             removed = packaged.prune(keep=path)
             if removed:
                 note(f"multispec: removed {len(removed)} least recently used compiled step(s) "

@@ -133,8 +133,18 @@ def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tup
     (path.parent / "key.json").write_text(json.dumps({"key": key}))
 
 
+def stale(key: str) -> bool:
+    """Whether a package's key names a compiled step of another graph than this version of multispec compiles
+    (`hf.STEP_VERSION`, a field of the key): no process of this version loads it again."""
+    from .hf import STEP_VERSION
+
+    fields = key.split("|")
+    return any(f.startswith("compiled") for f in fields) and f"step={STEP_VERSION}" not in fields
+
+
 def packages() -> list[dict]:
-    """The packages on disk, most recently used first: path, model (the key's first field), key, bytes, used."""
+    """The packages on disk, most recently used first: path, model (the key's first field), key, bytes, used,
+    stale (`stale`)."""
     found = []
     for path in folder().glob("*/*.pt2"):
         try:
@@ -146,7 +156,7 @@ def packages() -> list[dict]:
         except (OSError, ValueError, KeyError, TypeError):
             key = ""
         found.append({"path": path, "model": key.split("|", 1)[0] or "?", "key": key, "bytes": stat.st_size,
-                      "used": stat.st_mtime})
+                      "used": stat.st_mtime, "stale": bool(key) and stale(key)})
     return sorted(found, key=lambda p: -p["used"])
 
 
@@ -155,6 +165,14 @@ def remove(path: Path) -> None:
     path.unlink(missing_ok=True)
     if path.parent.is_dir() and not any(path.parent.glob("*.pt2")):
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def prune_stale() -> list[dict]:
+    """Remove the packages of another compiled graph than this version's (`stale`); returns those removed."""
+    removed = [p for p in packages() if p["stale"]]
+    for p in removed:
+        remove(p["path"])
+    return removed
 
 
 def prune(keep: Path) -> list[dict]:
