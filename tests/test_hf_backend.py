@@ -314,7 +314,6 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
 def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
     # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
     # the fastest kept (stored for the machine, with both timings)
-    from multispec.models import hf
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
@@ -443,7 +442,6 @@ def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypat
 
 
 def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
-    from multispec.models import hf
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
@@ -630,7 +628,6 @@ def _nodes_differing_from_one_token_steps(model, past: int = 150) -> int:
 def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
     # a token's logits do not depend on how many tokens, or which tree, were scored with it: greedy
     # speculative decoding in bfloat16 then gives greedy ar's tokens
-    from multispec.models import hf, static
 
     model = _bf16_llama()
     assert model.min_rows == hf.invariant_rows(model.model) >= 1
@@ -648,7 +645,6 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     # has the default target's layer shapes (9 heads of 64, 3 key-value heads, 1536 hidden in the MLP) and 200
     # cached tokens: there attention traced into the graph gives a tree's nodes other bits than steps (a
     # known-wrong variant below)
-    from multispec.models import hf
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _bf16_llama(hidden=576, intermediate=1536)
@@ -691,7 +687,6 @@ def test_a_batch_invariant_step_that_fails_its_check_says_so_and_the_machine_rem
                                                                                         capsys):
     # the outcome of `_check_invariance` (its probe is the real forwards, checked above) is kept beside the
     # kernel choices for these weights: a later model of the same weights says so again without probing
-    from multispec.models import hf
 
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     probed = []
