@@ -326,14 +326,18 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     for tokens in ([9, 4, 33], [2, 40, 11]):
         step = torch.tensor([tokens])
         assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
-    assert compiled.compiles == len(hf.KERNELS) == 2  # a graph per variant, none after the choice
+    # a graph per variant of KERNELS, one more for the faster with its products concatenated; none after the choice
+    assert compiled.compiles == len(hf.KERNELS) + 1 == 3
     kept = compiled.kernels[(1, 4)]
-    assert kept in hf.KERNELS
+    assert kept in hf.VARIANTS
     err = capsys.readouterr().err
-    assert "onednn kernels" in err and "autotuned kernels" in err and f"keeps {kept}" in err
+    assert "(onednn kernels)" in err and "(autotuned kernels)" in err and f"keeps {kept}" in err
     stored = json.loads((tmp_path / "compiled_kernels.json").read_text())
     (entry,) = stored.values()
-    assert entry["1x4"]["kernel"] == kept and set(entry["1x4"]["step_ms"]) == set(hf.KERNELS)
+    timed = set(entry["1x4"]["step_ms"])
+    (concat,) = timed - set(hf.KERNELS)
+    assert entry["1x4"]["kernel"] == kept and timed == {*hf.KERNELS, concat}
+    assert concat.removesuffix(hf.CONCAT) in hf.KERNELS and f"({concat} kernels)" in err
     assert entry["1x4"]["step_ms"][kept] == min(entry["1x4"]["step_ms"].values())  # the faster one is kept
     # later steps run the kept variant's graph and match
     step = torch.tensor([[7, 1, 30]])
@@ -349,6 +353,37 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     assert torch.allclose(again.forward(ca, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
     assert again.compiles == 0 and again.kernels == {(1, 4): kept}
     assert f"loaded the compiled step of tiny-llama-64-6 for 1 x 4 new tokens ({kept} kernels)" in capsys.readouterr().err
+
+
+def _products(package: Path) -> int:
+    """Matrix products (oneDNN linear maps) the packaged step's generated code calls."""
+    import re
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        source = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
+    return len(re.findall(r"aoti_torch_cpu__linear_pointwise\w*\(", source))
+
+
+def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path, monkeypatch):
+    # a layer's query, key and value maps become one product, its gate and up maps another: 7 products a layer
+    # and the head -> 4 a layer and the head; the logits stay the eager step's
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    eager = tiny_llama(seed=6)
+    want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
+    counts = {}
+    for kind in ("onednn", "onednn" + hf.CONCAT):
+        model = tiny_llama(seed=6)
+        model.compile, model.kernel = True, kind
+        cache = model.new_cache()
+        model.forward(cache, torch.tensor([PROMPT]))
+        assert torch.allclose(model.forward(cache, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
+        (package,) = (tmp_path / "compiled").rglob(f"{kind}-1x4.pt2")
+        counts[kind] = _products(package)
+    assert counts == {"onednn": 2 * 7 + 1, "onednn+concat": 2 * 4 + 1}
+    with pytest.raises(ValueError, match="one of onednn, autotuned, onednn"):
+        hf.kernel_options("concat")
 
 
 def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_is_made_again(tmp_path, capsys,

@@ -6,9 +6,9 @@ explicit position ids and an additive 4-D mask ([B, 1, n, K], 0 where allowed), 
 engine's boolean mask; sliding windows are applied in that mask. With `compile=True` the forward is
 compiled by torch inductor once per (rows, bucket of new tokens): new tokens are padded to 1, 2, 4, 8, ...
 up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights, and
-each shape's graph is compiled in each of `KERNELS` and the one whose whole step ran fastest here is kept (the
-choice is stored per machine, model, dtype and thread count), so no kernel choice made on another host is baked
-in; the kept step is compiled ahead of time into a package on disk (`packaged.py`), which later processes load. A family whose attention layers do not go through transformers' attention
+each shape's graph is compiled in each of `KERNELS`, the faster of them again with `CONCAT` (products that read
+the same input made one), and the one whose whole step ran fastest here is kept (the choice is stored per machine,
+model, dtype and thread count), so no kernel choice made on another host is baked in; the kept step is compiled ahead of time into a package on disk (`packaged.py`), which later processes load. A family whose attention layers do not go through transformers' attention
 interface keeps transformers' `DynamicCache`, with one line saying so.
 """
 
@@ -43,6 +43,11 @@ KERNELS = {
     # each product autotuned alone between oneDNN and inductor's C++ GEMM template (max-autotune)
     "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False},
 }
+# A variant's name with this suffix: the same, with the products that read the same input (a layer's query, key
+# and value maps; its gate and up maps) concatenated into one (inductor's `concat_linear`, off by default because
+# it does not gain on every CPU). Tried on the faster of `KERNELS` for each shape: a third compile, not a fourth.
+CONCAT = "+concat"
+VARIANTS = (*KERNELS, *(kind + CONCAT for kind in KERNELS))
 CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 # `compile="invariant"`: every product through oneDNN on frozen weights, rows padded to `min_rows`, and attention
 # through the batch-invariant operator (`static.attend`, with each query's split): a token's logits do not
@@ -51,9 +56,21 @@ CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 # speculative outputs drift from greedy `ar` in a reduced precision.
 INVARIANT = "invariant"
 INVARIANT_KERNELS = {"freezing": True}
+
+
+def kernel_options(kind: str) -> dict:
+    """The inductor options of a CPU kernel variant (one of `VARIANTS`, or `INVARIANT`)."""
+    if kind == INVARIANT:
+        return INVARIANT_KERNELS
+    if kind not in VARIANTS:
+        raise ValueError(f"kernel {kind!r}: one of {', '.join(VARIANTS)}")
+    base = kind.removesuffix(CONCAT)
+    return {**KERNELS[base], "cpp.enable_concat_linear": True} if base != kind else KERNELS[base]
+
 # bumped when the compiled step's graph changes (not its results): packages and cost curves of the old one are
-# made again. 2: values written into the cache buffer whole (`static.attention`)
-STEP_VERSION = 2
+# made again. 2: values written into the cache buffer whole (`static.attention`); 3: `CONCAT` variants (kernel
+# choices made without them are made again)
+STEP_VERSION = 3
 INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
 
 
@@ -384,8 +401,8 @@ class HFModel(LanguageModel):
             # the graph's output is overwritten by its next replay: the caller gets its own copy
             return logits[..., : self.vocab_size].to(torch.float32, copy=True)
         if compiled:
-            if self.device.type == "cpu" and self.kernel not in ("auto", INVARIANT, *KERNELS):
-                raise ValueError(f"kernel {self.kernel!r}: 'auto', {INVARIANT!r} or one of {', '.join(KERNELS)}")
+            if self.device.type == "cpu" and self.kernel not in ("auto", INVARIANT, *VARIANTS):
+                raise ValueError(f"kernel {self.kernel!r}: 'auto', {INVARIANT!r} or one of {', '.join(VARIANTS)}")
             if self._packaging():
                 packaged.limit_bytes()  # a bad MULTISPEC_COMPILED_LIMIT_GB is refused, not taken for a failed compile
             try:
@@ -561,7 +578,7 @@ class HFModel(LanguageModel):
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
-        kernels = (INVARIANT_KERNELS if kind == INVARIANT else KERNELS.get(kind, {})) if self.device.type == "cpu" else {}
+        kernels = kernel_options(kind) if self.device.type == "cpu" else {}
         if self._packaging():
             step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
             if step is not None:
@@ -600,24 +617,18 @@ class HFModel(LanguageModel):
 
     def _choose_kernel(self, shape, args):
         """Compile the shape's step in every variant of `KERNELS`, time each whole step in place (the same feed,
-        interleaved rounds) and keep the fastest here; the last call runs it, so its logits and the cache entries
-        it wrote are the kept variant's. All of it is a one-time cost."""
+        interleaved rounds), then the faster one with `CONCAT` against itself; keep the fastest here. The last
+        call runs it, so its logits and the cache entries it wrote are the kept variant's. All of it is a one-time
+        cost."""
         t0 = time.perf_counter()
         compiled_before = self.compile_seconds
-        for kind in KERNELS:
-            self._call_compiled(kind, shape, args)
-            self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
-        times: dict[str, list[float]] = {kind: [] for kind in KERNELS}
-        for _ in range(CHOICE_ROUNDS):
-            for kind in KERNELS:
-                start = time.perf_counter()
-                self._call_compiled(kind, shape, args)
-                times[kind].append(time.perf_counter() - start)
-        seconds = {kind: statistics.median(t) for kind, t in times.items()}
+        seconds = self._race(shape, args, list(KERNELS))
+        best = min(seconds, key=seconds.get)
+        seconds |= self._race(shape, args, [best, best + CONCAT])  # the kept one timed again beside it
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
         _store_kernel(self, shape, kind, seconds)
-        for other in KERNELS:  # only the kept variant's package stays on disk
+        for other in VARIANTS:  # only the kept variant's package stays on disk
             if other != kind and self._packages.pop((other, shape), None) is not None:
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
         logits = self._call_compiled(kind, shape, args)
@@ -626,6 +637,19 @@ class HFModel(LanguageModel):
               + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
               + f" per step here; keeps {kind}")
         return logits
+
+    def _race(self, shape, args, kinds: list[str]) -> dict[str, float]:
+        """Median seconds of a whole step of each variant (compiled first where it is not), interleaved."""
+        for kind in kinds:
+            self._call_compiled(kind, shape, args)
+            self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for _ in range(CHOICE_ROUNDS):
+            for kind in kinds:
+                start = time.perf_counter()
+                self._call_compiled(kind, shape, args)
+                times[kind].append(time.perf_counter() - start)
+        return {kind: statistics.median(t) for kind, t in times.items()}
 
     def _packaging(self) -> bool:
         """Whether compiled steps are kept on disk (`models/packaged.py`): on a CPU, for a model on one device,
@@ -831,7 +855,7 @@ def _store_entry(key: str, name: str, entry: dict) -> None:
 def _stored_kernel(model, shape) -> str | None:
     """The variant chosen for this shape by an earlier process on this machine, if any."""
     kind = (_stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}") or {}).get("kernel")
-    return kind if kind in KERNELS else None
+    return kind if kind in VARIANTS else None
 
 
 def _stored_check(model, width: int) -> int | None:
