@@ -1,5 +1,7 @@
 """T(k, c): the seconds of one forward over k new tokens after c cached ones, for the default pair, beside
-the memory bound (the weights' bytes over the measured read bandwidth).
+the memory bound (the weights' bytes over the measured read bandwidth) and the compute floor (k tokens times two
+operations per weight, over the throughput of a large matrix product in the dtype, measured here): no step over
+k tokens can take less than the larger of the two, so the floor of T(k)/T(1) is max(1, compute(k) / memory).
 
 Engines: `dynamic` (transformers' DynamicCache and its own attention, eager: the engine before the static
 cache), `static` (our static cache, eager), `compiled` (static cache, torch inductor; on a CPU frozen
@@ -27,16 +29,32 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def read_bandwidth(gib: float = 1.0, repeats: int = 5, device="cpu") -> float:
-    """Bytes per second of a sum over `gib` GiB of float32 (on a CPU, every thread torch uses)."""
+def read_bandwidth(gib: float = 1.0, repeats: int = 7, device="cpu") -> float:
+    """Bytes per second of a sum over `gib` GiB of float32 (on a CPU, every thread torch uses): the median of
+    `repeats` passes (one pass on this kind of host once read 75 GB/s where the rest read 43)."""
     x = torch.ones(int(gib * 2**30) // 4, device=device)
     x.sum()
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        x.sum()
+        sync(device)
+        rates.append(x.numel() * 4 / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def matmul_throughput(dtype: str, size: int = 2048, repeats: int = 5, device="cpu") -> float:
+    """Operations per second of a large square matrix product in `dtype` (the library's best case here)."""
+    a = torch.randn(size, size, device=device).to(getattr(torch, dtype))
+    b = torch.randn(size, size, device=device).to(getattr(torch, dtype))
+    a @ b
     sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
-        x.sum()
+        a @ b
     sync(device)
-    return x.numel() * 4 * repeats / (time.perf_counter() - t0)
+    return 2 * size**3 * repeats / (time.perf_counter() - t0)
 
 
 def weight_bytes(model) -> int:
@@ -91,6 +109,8 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     bandwidth = read_bandwidth(device=args.device or "cpu")
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({args.device or 'cpu'})", flush=True)
+    throughput = {dtype: matmul_throughput(dtype, device=args.device or "cpu") for dtype in args.dtypes.split(",")}
+    print("matrix product " + ", ".join(f"{d} {f / 1e9:.0f} GFLOP/s" for d, f in throughput.items()), flush=True)
     with open(args.out, "a") as out:
         for which in args.models.split(","):
             name = {"target": TARGET_NAME, "draft": DRAFT_NAME}[which]
@@ -105,6 +125,8 @@ def main() -> None:
                         model.static = False
                     model.graphs = model.graphs and engine in ("graphs", "compiled-graphs")
                     bound = weight_bytes(model) / bandwidth
+                    element = next(model.model.parameters()).element_size()
+                    per_token = 2 * weight_bytes(model) / element / throughput[dtype]  # compute floor, one token
                     t0 = time.perf_counter()
                     rows = curve(model, ks, contexts)
                     for c, row in rows.items():
@@ -113,6 +135,7 @@ def main() -> None:
                                     "device": str(model.device), "random_weights": bool(
                                         which == "target" and args.random_target),
                                     "seconds": sec, "bound_seconds": bound, "bandwidth": bandwidth,
+                                    "compute_seconds": k * per_token, "flops": throughput[dtype],
                                     "compile_seconds": model.compile_seconds}
                             out.write(json.dumps(line) + "\n")
                         out.flush()
@@ -120,7 +143,8 @@ def main() -> None:
                         print(f"{which} {engine} {dtype} c={c}: " + " ".join(
                             f"T({k})={1000 * s:.1f}ms" for k, s in row.items()) +
                             f" | T(1)/bound {t1 / bound:.2f}, T(16)/T(1) "
-                            f"{row.get(16, float('nan')) / t1:.2f}", flush=True)
+                            f"{row.get(16, float('nan')) / t1:.2f} (floor {max(1.0, 16 * per_token / bound):.2f})",
+                            flush=True)
                     print(f"  ({time.perf_counter() - t0:.0f} s, compiling {model.compile_seconds:.0f} s)",
                           flush=True)
                     del model
