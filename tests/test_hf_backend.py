@@ -313,8 +313,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
 
 def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
     # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
-    # the fastest kept (stored for the machine, with both timings)
-
+    # the fastest kept (stored for the machine, with every timing)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_llama(seed=6), tiny_llama(seed=6)
@@ -477,7 +476,6 @@ def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypat
 
 
 def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
-
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     model = tiny_llama(seed=8)
@@ -663,7 +661,6 @@ def _nodes_differing_from_one_token_steps(model, past: int = 150) -> int:
 def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
     # a token's logits do not depend on how many tokens, or which tree, were scored with it: greedy
     # speculative decoding in bfloat16 then gives greedy ar's tokens
-
     model = _bf16_llama()
     assert model.min_rows == hf.invariant_rows(model.model) >= 1
     assert _nodes_differing_from_one_token_steps(model) == 0
