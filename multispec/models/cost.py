@@ -131,7 +131,9 @@ _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process 
 calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
-def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True) -> str:
+def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True, kernels: bool = True) -> str:
+    """The key of a model's measured costs on this machine. `kernels=False`: without the compiled step's kernel
+    set, for the kernel choices themselves (kept per shape when a variant joins, see `HFModel._untried`)."""
     dtype = getattr(model, "dtype", None)
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
@@ -146,6 +148,8 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
 
         # another compiled graph for the same model: its packages and curves are made again
         variant = f"|step={STEP_VERSION}"
+        if kernels and engine == "compiled" and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
+            variant += "|dpbf16"  # our kernel joins the race here: steps (and so the curve) may change
     if engine.startswith("static"):
         from . import static
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..console import note
-from . import linears, packaged, static
+from . import dpbf16, linears, packaged, static
 from .base import LanguageModel
 from .cost import bucket
 
@@ -42,10 +42,14 @@ KERNELS = {
     "onednn": {"freezing": True},
     # each product autotuned alone between oneDNN and inductor's C++ GEMM template (max-autotune)
     "autotuned": {"freezing": True, "max_autotune": True, "max_autotune_report_choices_stats": False},
+    # bfloat16 products through our own AVX512-BF16 kernel (`models/dpbf16.py`), where it builds and runs here
+    "dpbf16": {"freezing": True},
 }
+DPBF16 = "dpbf16"
 # A variant's name with this suffix: the same, with the products that read the same input (a layer's query, key
 # and value maps; its gate and up maps) concatenated into one (inductor's `concat_linear`, off by default because
-# it does not gain on every CPU). Tried on the faster of `KERNELS` for each shape: a third compile, not a fourth.
+# it does not gain on every CPU). Tried on the fastest of `KERNELS` for each shape: one compile more, not one per
+# variant.
 CONCAT = "+concat"
 VARIANTS = (*KERNELS, *(kind + CONCAT for kind in KERNELS))
 CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
@@ -182,6 +186,7 @@ class HFModel(LanguageModel):
         self._compiled: dict[str, Any] = {}  # a compiled step per kernel variant
         self._packages: dict[tuple[str, tuple[int, int]], Any] = {}  # (variant, shape) -> a step loaded from disk
         self._packaged: bool | None = None
+        self._routes: bool | None = None  # whether our kernel (`dpbf16`) takes any of the model's linear maps
         self._weights_key: str | None = None
         # (rows, new tokens) -> the variant of `KERNELS` its compiled step runs; "auto": chosen per shape by timing;
         # INVARIANT: one variant for every shape, batch-invariant (`INVARIANT_KERNELS`)
@@ -568,17 +573,48 @@ class HFModel(LanguageModel):
         shape = (ids.shape[0], ids.shape[1])
         kind = self.kernels.get(shape)
         if kind is None:
-            kind = self.kernel if self.kernel != "auto" or self.device.type != "cpu" else _stored_kernel(self, shape)
-            if kind is None:  # first use of this shape on this machine: compile every variant, keep the fastest
-                return self._choose_kernel(shape, args)
+            if self.kernel != "auto" or self.device.type != "cpu":
+                kind = self.kernel
+            else:
+                entry = _stored_choice(self, shape)
+                if entry is None or self.offers(entry["kernel"]) is not None:
+                    # first use of this shape on this machine (or its kept variant does not run in this process,
+                    # as our kernel switched off): compile every variant that runs, keep the fastest
+                    return self._choose_kernel(shape, args)
+                kind = entry["kernel"]
+                if self._untried(entry):  # a variant this machine could not run when it chose (added since)
+                    return self._choose_kernel(shape, args, stored=entry)
             self.kernels[shape] = kind
         return self._call_compiled(kind, shape, args)
+
+    def offers(self, kind: str) -> str | None:
+        """None where kernel variant `kind` (of `KERNELS`) can run this model's compiled steps here, else why
+        not."""
+        if kind.removesuffix(CONCAT) != DPBF16:
+            return None
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
+            return "it multiplies bfloat16 on a CPU"
+        if not self._packaging():
+            return "it runs in packaged steps only"
+        if self._routes is None:  # (asked at every compiled call)
+            self._routes = dpbf16.routes(self.model)
+        return dpbf16.unavailable() if self._routes else "the model has no linear map it takes"
+
+    def _untried(self, entry: dict) -> list[str]:
+        """The variants a stored choice would have raced had they run then (those of `KERNELS`, and the kept one
+        with `CONCAT`), that run here but were neither timed nor failed."""
+        seen = {*entry.get("step_ms", {}), *entry.get("before_ms", {}), *entry.get("failed", [])}
+        kept = entry["kernel"]
+        kinds = (*KERNELS, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
+        return [k for k in kinds if k not in seen and self.offers(k) is None]
 
     def _call_compiled(self, kind, shape, args):
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
         kernels = kernel_options(kind) if self.device.type == "cpu" else {}
+        if kind.startswith(DPBF16) and self.offers(DPBF16) is not None:
+            raise ValueError(f"kernel {kind!r} does not run here: {self.offers(kind)}")
         if self._packaging():
             step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
             if step is not None:
@@ -615,19 +651,26 @@ class HFModel(LanguageModel):
             note(f"multispec: compiled in {seconds:.0f} s")
         return logits
 
-    def _choose_kernel(self, shape, args):
-        """Compile the shape's step in every variant of `KERNELS`, time each whole step in place (the same feed,
-        interleaved rounds), then the faster one with `CONCAT` against itself; keep the fastest here. The last
-        call runs it, so its logits and the cache entries it wrote are the kept variant's. All of it is a one-time
-        cost."""
+    def _choose_kernel(self, shape, args, stored: dict | None = None):
+        """Compile the shape's step in every variant of `KERNELS` that runs here, time each whole step in place
+        (the same feed, interleaved rounds), then the fastest with `CONCAT` against itself (where it has that
+        form); keep the fastest here. With `stored` (a choice an earlier process made without some variant),
+        only the kept one and the variants untried are raced. The last call runs the kept variant, so its logits
+        and the cache entries it wrote are the kept variant's. All of it is a one-time cost."""
         t0 = time.perf_counter()
         compiled_before = self.compile_seconds
-        seconds = self._race(shape, args, list(KERNELS))
+        failed: list[str] = []
+        if stored is None:
+            seconds = self._race(shape, args, [k for k in KERNELS if self.offers(k) is None], failed)
+        else:
+            seconds = self._race(shape, args, [stored["kernel"], *self._untried(stored)], failed)
         best = min(seconds, key=seconds.get)
-        seconds |= self._race(shape, args, [best, best + CONCAT])  # the kept one timed again beside it
+        before = {} if stored is None else {**stored.get("step_ms", {}), **stored.get("before_ms", {})}
+        if not best.endswith(CONCAT) and best + CONCAT not in {*seconds, *before, *failed}:
+            seconds |= self._race(shape, args, [best, best + CONCAT], failed)  # the kept one timed again beside it
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
-        _store_kernel(self, shape, kind, seconds)
+        _store_kernel(self, shape, kind, seconds, failed, before=None if stored is None else stored)
         for other in VARIANTS:  # only the kept variant's package stays on disk
             if other != kind and self._packages.pop((other, shape), None) is not None:
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
@@ -638,11 +681,20 @@ class HFModel(LanguageModel):
               + f" per step here; keeps {kind}")
         return logits
 
-    def _race(self, shape, args, kinds: list[str]) -> dict[str, float]:
-        """Median seconds of a whole step of each variant (compiled first where it is not), interleaved."""
-        for kind in kinds:
-            self._call_compiled(kind, shape, args)
-            self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
+    def _race(self, shape, args, kinds: list[str], failed: list[str]) -> dict[str, float]:
+        """Median seconds of a whole step of each variant (compiled first where it is not), interleaved. Our own
+        kernel (`DPBF16`) is left out, and added to `failed`, where its step does not compile."""
+        for kind in list(kinds):
+            try:
+                self._call_compiled(kind, shape, args)
+                self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
+            except Exception as e:  # noqa: BLE001 - the other variants run the step
+                if not kind.startswith(DPBF16) or len(kinds) == 1:
+                    raise
+                note(f"multispec: {self.name} {shape[0]} x {shape[1]}: left out the {kind} kernels "
+                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+                kinds.remove(kind)
+                failed.append(kind)
         times: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _ in range(CHOICE_ROUNDS):
             for kind in kinds:
@@ -669,17 +721,21 @@ class HFModel(LanguageModel):
         one (a one-time cost either way); None where the model does not export (it is then compiled in
         memory, per process, by torch.compile)."""
         path = packaged.path_for(self._package_key(), kind, shape)
-        step = packaged.load(path)
+        step = packaged.load(path)  # (our kernel's operator is loaded by then: `offers`, in `_call_compiled`)
         what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
         if step is None:
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
+            routed = (dpbf16.routed(self.model, concat=kind.endswith(CONCAT)) if kind.startswith(DPBF16)
+                      else contextlib.nullcontext())
             try:
-                with _compile_settings(kernels):
+                with _compile_settings(kernels), routed:
                     packaged.build(path, self._package_key(), self.model, self._step_for(kind), args, kernels)
                 step = packaged.load(path)
                 if step is None:
                     raise RuntimeError(f"the package written to {path} does not load")
             except Exception as e:  # noqa: BLE001 - torch.compile in this process still compiles most models
+                if kind.startswith(DPBF16):  # our kernel runs only in packages; the others may still export
+                    raise
                 self._packaged = False
                 note(f"multispec: {self.name} is compiled in memory, per process: it does not export "
                       f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
@@ -824,7 +880,7 @@ def _compile_settings(kernels: dict):
 def _kernel_key(model) -> str:
     from .cost import cost_key, describe_device
 
-    return f"{cost_key(model)}|{describe_device(model.device)}"
+    return f"{cost_key(model, kernels=False)}|{describe_device(model.device)}"
 
 
 def _kernel_store():
@@ -852,10 +908,11 @@ def _store_entry(key: str, name: str, entry: dict) -> None:
     write_store_entry(store, key, choices)
 
 
-def _stored_kernel(model, shape) -> str | None:
-    """The variant chosen for this shape by an earlier process on this machine, if any."""
-    kind = (_stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}") or {}).get("kernel")
-    return kind if kind in VARIANTS else None
+def _stored_choice(model, shape) -> dict | None:
+    """The kernel choice an earlier process on this machine stored for this shape (kernel, step_ms, ...), if any
+    names a variant this version has."""
+    entry = _stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}")
+    return entry if entry is not None and entry.get("kernel") in VARIANTS else None
 
 
 def _stored_check(model, width: int) -> int | None:
@@ -869,6 +926,13 @@ def _store_check(model, width: int, differing: int) -> None:
     _store_entry(model._package_key(), f"{INVARIANT} 1x{width}", {"differing": differing, "of": width})
 
 
-def _store_kernel(model, shape, kind: str, seconds: dict[str, float]) -> None:
-    _store_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}",
-                 {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
+def _store_kernel(model, shape, kind: str, seconds: dict[str, float], failed: list[str],
+                  before: dict | None = None) -> None:
+    """The kept variant, the step times of the race (ms) and the variants that failed to compile; `before`: the
+    choice an earlier process stored, which this race redid with variants it lacked (its times: `before_ms`)."""
+    entry = {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}
+    if failed or before:
+        entry["failed"] = sorted({*failed, *(before or {}).get("failed", [])})
+    if before:
+        entry["before_ms"] = {**before.get("before_ms", {}), **before.get("step_ms", {})}
+    _store_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}", entry)

@@ -1,0 +1,182 @@
+"""Linear maps through our own bfloat16 kernel (`dpbf16.cpp`), for CPUs with AVX512-BF16 and no AMX.
+
+There, inductor's C++ GEMM template turns bfloat16 into float32 and multiplies in float32, and oneDNN is slow
+for the few rows of a decoding step; the CPU's `vdpbf16ps` multiplies bfloat16 pairs into float32 at twice the
+rate. The kernel is a third kernel variant of a compiled step (`hf.DPBF16`): raced against the others on the
+machine that runs it, per shape, and kept only where its whole step ran faster.
+
+It is built from source on a machine's first use (about 20 s, with torch's extension builder and ninja) into
+the cache folder, and loaded from there afterwards. Inside `routed(model)`, the model's linear maps run through
+it, on weights packed for it and registered as buffers, so that an export takes them as the graph's constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import types
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("dpbf16.cpp")
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
+COLUMNS = 16  # output columns per packed block (`dpbf16.cpp`)
+BUFFER = "dpbf16_packed"
+BIAS = "dpbf16_bias"  # a concatenated product's biases (`routed`)
+GROUP = "_dpbf16_group"
+VARIABLE = "MULTISPEC_DPBF16"
+_state: dict[str, str | None] = {}  # "why": None once loaded, else why not (absent: not tried yet)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def unavailable() -> str | None:
+    """None where the kernel runs in this process (built or loaded now, once), else why it does not."""
+    if "why" not in _state:
+        _state["why"] = _load()
+    return _state["why"]
+
+
+def _load() -> str | None:
+    if os.environ.get(VARIABLE, "1") == "0":
+        return f"{VARIABLE}=0"
+    if "avx512_bf16" not in cpu_flags():
+        return "no AVX512-BF16 on this CPU"
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.verify_ninja_availability()
+    except RuntimeError:
+        return "ninja is not installed (pip install ninja)"
+    from .cost import _store_path
+
+    source = SOURCE.read_bytes()
+    digest = hashlib.blake2b(source + " ".join(FLAGS).encode() + torch.__version__.encode(), digest_size=6).hexdigest()
+    build = _store_path().with_name("kernels") / f"dpbf16-{digest}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load(name=f"multispec_dpbf16_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                           extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
+                           verbose=False)
+    except Exception as e:  # noqa: BLE001 - a machine without a working compiler runs the other variants
+        return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+    torch.library.register_fake("multispec_dpbf16::linear")(_shape)
+    return None
+
+
+def _shape(input, packed, bias, out_features):
+    return input.new_empty((*input.shape[:-1], out_features))
+
+
+def eligible(module: torch.nn.Module) -> bool:
+    """A plain linear map with bfloat16 weights on the CPU and an even number of inputs (pairs)."""
+    return (type(module) is torch.nn.Linear and module.weight.dtype == torch.bfloat16
+            and module.weight.device.type == "cpu" and module.in_features % 2 == 0)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> [ceil(N / 16), K / 2, 16, 2]: per block of 16 outputs, the pairs along K (zero
+    outputs pad the last block)."""
+    n, k = weight.shape
+    if k % 2:
+        raise ValueError(f"dpbf16.pack: {k} inputs, an odd number")
+    weight = torch.nn.functional.pad(weight, (0, 0, 0, -n % COLUMNS))
+    return weight.reshape(-1, COLUMNS, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., K] bfloat16 -> [..., out_features] bfloat16: x times the weight `packed` was packed from (`pack`)."""
+    return torch.ops.multispec_dpbf16.linear(x, packed, None if bias is None else bias.float(), out_features)
+
+
+def _forward(self, x):
+    return linear(x, getattr(self, BUFFER), self.bias, self.out_features)
+
+
+def _member_forward(self, x):
+    # one of several maps that read the same input, made one product (`routed(..., concat=True)`): the first
+    # call on an input computes all of their outputs, and each map takes its columns
+    group, offset = self.__dict__[GROUP]
+    if group["last"] is None or group["last"][0] is not x:
+        owner = group["owner"]
+        group["last"] = (x, linear(x, getattr(owner, BUFFER), owner._buffers.get(BIAS), group["outputs"]))
+    return group["last"][1][..., offset : offset + self.out_features]
+
+
+def routes(model: torch.nn.Module) -> bool:
+    return any(eligible(m) for m in model.modules())
+
+
+@torch.no_grad()
+def shared_inputs(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
+    """Runs of eligible linear maps that a forward calls one after another on the same input tensor (a
+    layer's query, key and value maps; its gate and up maps), seen in one eager forward of one token."""
+    calls: list[tuple[torch.nn.Module, torch.Tensor]] = []  # the inputs are held, so no id is reused meanwhile
+    hooks = [m.register_forward_pre_hook(lambda m, args: calls.append((m, args[0])))
+             for m in model.modules() if eligible(m)]
+    try:
+        device = next(model.parameters()).device
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    runs: list[list[torch.nn.Linear]] = []
+    for i, (m, x) in enumerate(calls):
+        if i and calls[i - 1][1] is x and m.in_features == calls[i - 1][0].in_features:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    seen: set[int] = set()
+    groups = []
+    for run in runs:
+        if len(run) > 1 and not seen & {id(m) for m in run} and len({id(m) for m in run}) == len(run):
+            groups.append(run)
+            seen |= {id(m) for m in run}
+    return groups
+
+
+@contextlib.contextmanager
+def routed(model: torch.nn.Module, concat: bool = False):
+    """Inside, the model's eligible linear maps run through the kernel (which must be loaded: `unavailable`)
+    on packed copies of their weights, held as non-persistent buffers; afterwards they are as before. With
+    `concat`, maps that read the same input (`shared_inputs`) are one product on their weights stacked."""
+    changed = []
+    try:
+        with torch.no_grad():
+            for members in shared_inputs(model) if concat else []:
+                owner = members[0]
+                owner.register_buffer(BUFFER, pack(torch.cat([m.weight.detach() for m in members])), persistent=False)
+                if any(m.bias is not None for m in members):
+                    owner.register_buffer(BIAS, torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None
+                                                           else m.bias.detach() for m in members]), persistent=False)
+                group = {"owner": owner, "outputs": sum(m.out_features for m in members), "last": None}
+                offset = 0
+                for m in members:
+                    changed.append((m, m.__dict__.get("forward")))
+                    m.__dict__[GROUP] = (group, offset)
+                    m.forward = types.MethodType(_member_forward, m)
+                    offset += m.out_features
+            for m in model.modules():
+                if eligible(m) and GROUP not in m.__dict__:
+                    changed.append((m, m.__dict__.get("forward")))  # an instance's own forward (`linears.pack`)
+                    m.register_buffer(BUFFER, pack(m.weight.detach()), persistent=False)
+                    m.forward = types.MethodType(_forward, m)
+        yield len(changed)
+    finally:
+        for m, own in changed:
+            for name in (BUFFER, BIAS):
+                m._buffers.pop(name, None)
+                m._non_persistent_buffers_set.discard(name)
+            m.__dict__.pop(GROUP, None)
+            if own is None:
+                m.__dict__.pop("forward", None)
+            else:
+                m.forward = own
