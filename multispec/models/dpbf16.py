@@ -50,6 +50,8 @@ def _load() -> str | None:
         return f"{VARIABLE}=0"
     if "avx512_bf16" not in cpu_flags():
         return "no AVX512-BF16 on this CPU"
+    if not SOURCE.exists():
+        return f"its source is not installed ({SOURCE})"
     from torch.utils import cpp_extension
 
     try:
