@@ -162,19 +162,24 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
 
 
 @functools.cache
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo's "flags", or "Features" on ARM; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
+
+
 def instruction_sets() -> str:
     """A short hash of the CPU's feature flags: hosts sold under one model name differ (one "AMD EPYC" here
     had AVX-512 and bfloat16 instructions, the next only AVX2), and both timings and compiled code are
     specific to them."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1] for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
     import platform
 
-    text = " ".join(sorted(flags.split())) or platform.machine()
+    text = " ".join(sorted(cpu_flags())) or platform.machine()
     return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
@@ -351,14 +356,10 @@ def describe_device(device) -> str:
         return f"{device} ({torch.cuda.get_device_name(device)})"
     import platform
 
-    model, flags = "", set()
+    model, flags = "", cpu_flags()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
     # one model name covers hosts with and without AVX-512 and bfloat16 instructions: name what this one has

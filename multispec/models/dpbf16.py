@@ -30,14 +30,6 @@ VARIABLE = "MULTISPEC_DPBF16"
 _state: dict[str, str | None] = {}  # "why": None once loaded, else why not (absent: not tried yet)
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return set()
-
-
 def unavailable() -> str | None:
     """None where the kernel runs in this process (built or loaded now, once), else why it does not."""
     if "why" not in _state:
@@ -48,6 +40,8 @@ def unavailable() -> str | None:
 def _load() -> str | None:
     if os.environ.get(VARIABLE, "1") == "0":
         return f"{VARIABLE}=0"
+    from .cost import _store_path, cpu_flags
+
     if "avx512_bf16" not in cpu_flags():
         return "no AVX512-BF16 on this CPU"
     if not SOURCE.exists():
@@ -58,7 +52,6 @@ def _load() -> str | None:
         cpp_extension.verify_ninja_availability()
     except RuntimeError:
         return "ninja is not installed (pip install ninja)"
-    from .cost import _store_path
 
     source = SOURCE.read_bytes()
     digest = hashlib.blake2b(source + " ".join(FLAGS).encode() + torch.__version__.encode(), digest_size=6).hexdigest()

@@ -86,12 +86,9 @@ def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from .cost import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
@@ -603,10 +600,9 @@ class HFModel(LanguageModel):
     def _untried(self, entry: dict) -> list[str]:
         """The variants a stored choice would have raced had they run then (those of `KERNELS`, and the kept one
         with `CONCAT`), that run here but were neither timed nor failed."""
-        seen = {*entry.get("step_ms", {}), *entry.get("before_ms", {}), *entry.get("failed", [])}
         kept = entry["kernel"]
         kinds = (*KERNELS, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
-        return [k for k in kinds if k not in seen and self.offers(k) is None]
+        return [k for k in kinds if k not in _tried(entry) and self.offers(k) is None]
 
     def _call_compiled(self, kind, shape, args):
         from torch._dynamo.utils import counters
@@ -665,8 +661,8 @@ class HFModel(LanguageModel):
         else:
             seconds = self._race(shape, args, [stored["kernel"], *self._untried(stored)], failed)
         best = min(seconds, key=seconds.get)
-        before = {} if stored is None else {**stored.get("step_ms", {}), **stored.get("before_ms", {})}
-        if not best.endswith(CONCAT) and best + CONCAT not in {*seconds, *before, *failed}:
+        tried = {*seconds, *failed, *(() if stored is None else _tried(stored))}
+        if not best.endswith(CONCAT) and best + CONCAT not in tried:
             seconds |= self._race(shape, args, [best, best + CONCAT], failed)  # the kept one timed again beside it
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
@@ -913,6 +909,11 @@ def _stored_choice(model, shape) -> dict | None:
     names a variant this version has."""
     entry = _stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}")
     return entry if entry is not None and entry.get("kernel") in VARIANTS else None
+
+
+def _tried(entry: dict) -> set[str]:
+    """The variants a stored kernel choice timed, or found not to compile, in any race."""
+    return {*entry.get("step_ms", {}), *entry.get("before_ms", {}), *entry.get("failed", [])}
 
 
 def _stored_check(model, width: int) -> int | None:
