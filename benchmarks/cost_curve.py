@@ -5,7 +5,8 @@ k tokens can take less than the larger of the two, so the floor of T(k)/T(1) is 
 
 Engines: `dynamic` (transformers' DynamicCache and its own attention, eager: the engine before the static
 cache), `static` (our static cache, eager), `compiled` (static cache, torch inductor; on a CPU frozen
-weights, each shape in the kernel variant whose step ran fastest here: `multispec.models.hf.KERNELS`) and, on
+weights, each shape in the kernel variant whose step ran fastest here: `multispec.models.hf.KERNELS`),
+`invariant` (the batch-invariant compiled step, `compile="invariant"`) and, on
 a CUDA device, `graphs` (static cache, eager step captured as a CUDA graph and replayed) and `compiled-graphs`.
 Each (engine, dtype) loads its own copy of the models; times are medians of interleaved rounds. One JSON line
 per (model, engine, dtype, c, k) goes to --out.
@@ -116,7 +117,7 @@ def main() -> None:
             name = {"target": TARGET_NAME, "draft": DRAFT_NAME}[which]
             for dtype in args.dtypes.split(","):
                 for engine in args.engines.split(","):
-                    compiled = engine in ("compiled", "compiled-graphs")
+                    compiled = "invariant" if engine == "invariant" else engine in ("compiled", "compiled-graphs")
                     if which == "target" and args.random_target:
                         model = random_model(args.random_target, dtype, args.device, compiled)
                     else:

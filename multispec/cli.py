@@ -452,7 +452,9 @@ def cmd_generate(args) -> int:
     print(f"\n[{name}] {st['new_tokens']} tokens in {st['seconds']:.2f} s ({st['tokens_per_second']:.1f} tokens/s)"
           f" · target calls {st['target_calls']} · block efficiency {st['block_efficiency']:.2f}{acc}{predicted}"
           f"{ppl} · stopped: {st['stopped']}{split}{once}")
-    models = " / ".join(f"{k}: {v}" for k, v in zip(("target", "draft"), pair.description.values(), strict=False))
+    # described now: a compiled target's steps may have become batch-invariant at its first step
+    models = " / ".join(f"{role}: {describe_model(m)}" for role, m in (("target", pair.target), ("draft", pair.draft))
+                        if m is not None)
     print(f"[models] {models}", file=sys.stderr)
     return 0
 

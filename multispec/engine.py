@@ -163,6 +163,8 @@ class ModelRunner:
             if n_pending:
                 positions = torch.cat([torch.arange(self.committed, length).expand(len(rows), -1), positions], 1)
         mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
+        # one-time work done outside forwards (a kernel decided when a cost curve was looked up) is not this one's
+        self._compiled_seen = getattr(self.model, "compile_seconds", 0.0)
         t0, before = time.perf_counter(), (self.seconds, self.one_time)
         logits = self.model.forward(self.cache, tokens, positions.to(device),
                                     None if mask is None else mask.to(device),

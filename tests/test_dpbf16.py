@@ -159,3 +159,102 @@ def test_a_float32_model_or_a_switched_off_kernel_is_not_offered_it(monkeypatch)
     monkeypatch.setattr(dpbf16, "_state", {})
     monkeypatch.setenv(dpbf16.VARIABLE, "0")
     assert tiny_bf16().offers(hf.DPBF16) == "MULTISPEC_DPBF16=0"
+
+
+def _attention_reference(query, keys, values, mask, scaling):
+    """Softmax attention in float64 (grouped query heads)."""
+    group = query.shape[1] // keys.shape[1]
+    k = keys.double().repeat_interleave(group, 1)
+    v = values.double().repeat_interleave(group, 1)
+    scores = query.double() @ k.transpose(-1, -2) * scaling + mask.double()
+    return torch.softmax(scores, -1) @ v
+
+
+def test_the_attention_is_softmax_attention_in_float32(kernel):
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 6, 5, 64, generator=gen).bfloat16()
+    keys, values = torch.randn(2, 2, 90, 64, generator=gen), torch.randn(2, 2, 90, 33, generator=gen)
+    mask = torch.zeros(2, 1, 5, 77)
+    mask[1, :, :, 40:] = torch.finfo(torch.float32).min  # the second row sees 40 keys
+    out = dpbf16.attend(query, keys, values, mask, 32, 0.125)  # the first 77 slots, the first 32 value columns
+    assert out.shape == (2, 6, 5, 32) and out.dtype == torch.bfloat16
+    exact = _attention_reference(query, keys[:, :, :77], values[:, :, :77, :32], mask, 0.125)
+    assert torch.allclose(out.double(), exact, atol=1e-2, rtol=1e-2)
+    out32 = dpbf16.attend(query.float(), keys, values, mask, 32, 0.125)
+    assert torch.allclose(out32.double(), exact, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="multiples of 16"):
+        dpbf16.attend(query[..., :40], keys[..., :40], values, mask, 32, 0.125)
+
+
+def _tree_and_chain(attention, past: int = 300):
+    """A node at depth 3 of a tree (its ancestors at tree slots 0 and 2, a masked sibling at 1 and a cousin after
+    it) against the same node as a chain step (ancestors at consecutive slots): whether its output has the same
+    bits, and whether it does scored alone or with the tree's other nodes."""
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(1, 6, 4, 64, generator=gen)
+    prefix_k, prefix_v = torch.randn(1, 2, past, 64, generator=gen), torch.randn(1, 2, past, 64, generator=gen)
+    new_k, new_v = torch.randn(1, 2, 4, 64, generator=gen), torch.randn(1, 2, 4, 64, generator=gen)
+    minimum = torch.finfo(torch.float32).min
+    # tree slots: 0 = node a (depth 1), 1 = sibling s, 2 = node b (child of a), 3 = node c (child of b)
+    tree_k, tree_v = torch.cat([prefix_k, new_k], 2), torch.cat([prefix_v, new_v], 2)
+    visible = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    mask = torch.zeros(1, 1, 4, past + 4)
+    mask[..., past:] = torch.where(visible, 0.0, minimum)
+    tree = attention(query, tree_k, tree_v, mask)[:, :, 3]
+    # the chain: a, b, c at consecutive slots (the sibling is not in the cache)
+    chain_k, chain_v = tree_k[:, :, [*range(past), past, past + 2, past + 3]], tree_v[:, :, [*range(past), past, past + 2, past + 3]]
+    alone = attention(query[:, :, 3:], chain_k, chain_v, torch.zeros(1, 1, 1, past + 3))[:, :, 0]
+    return torch.equal(tree, alone)
+
+
+def test_the_attention_gives_a_tree_node_the_bits_of_a_chain_step(kernel):
+    # every sum runs key after key from slot 0, and masked keys weigh exactly 0 and are skipped: a node's output
+    # depends on the keys it sees, in order, not on the tree's other nodes between them
+    def ours(query, keys, values, mask):
+        return dpbf16.attend(query, keys, values, mask, values.shape[-1], 0.125)
+
+    assert _tree_and_chain(ours) and _tree_and_chain(ours, past=1000)
+    # the known-wrong variant: float32 products over all slots (the attention traced into the fast step), whose
+    # sums meet other vector lanes in the tree than in the chain
+    from multispec.models import static
+
+    def traced(query, keys, values, mask):
+        return static.attend_traced(query, keys, values, mask, 0.125, 0.0)
+
+    if _tree_and_chain(traced) and _tree_and_chain(traced, past=1000):
+        pytest.skip("this machine's float32 products give the same bits either way: the wrong variant shows nothing")
+
+
+@pytest.mark.parametrize("tolerance", [1e9, 0.0])
+def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel, tmp_path, monkeypatch, tolerance):
+    # compile=True: the first compiled step of a target times a one-token batch-invariant step on our kernels
+    # against the fast one and keeps the outcome for the machine; a tolerance that no step can miss (or meet)
+    # fixes the outcome here
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    monkeypatch.setattr(hf, "EXACT_TOLERANCE", tolerance)
+    model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
+    # the fast steps' kernels, as if an earlier process had raced them all (one compile each here, not a race)
+    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in hf.VARIANTS}}
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
+    # a draft's forwards (not batch-invariant: its logits decide nothing) leave it undecided
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([PROMPT]), batch_invariant=False)
+    model.forward(cache, torch.tensor([[9]]), batch_invariant=False)
+    assert model._exact is None and model.kernel == "auto"
+    cache = model.new_cache()
+    model.forward(cache, torch.tensor([PROMPT]))
+    model.forward(cache, torch.tensor([[9, 4, 33]]))
+    exact = tolerance > 1
+    assert model._exact is exact and (model.kernel == hf.INVARIANT) is exact
+    assert ((hf.INVARIANT_DPBF16, (1, 4)) in model._packages) is exact
+    store = json.loads((tmp_path / "compiled_kernels.json").read_text())
+    (kept,) = [entry[hf.EXACT_CHOICE] for entry in store.values() if hf.EXACT_CHOICE in entry]
+    assert kept["exact"] is exact and set(kept["step_ms"]) == {"auto", hf.INVARIANT_DPBF16}
+    from multispec.api import describe_model
+
+    assert describe_model(model).endswith("compiled, batch-invariant" if exact else "compiled")
+    # a later process of the same weights takes the kept outcome without timing
+    monkeypatch.setattr(HFModel, "_race_exact", lambda self: pytest.fail("raced again"))
+    later = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
+    assert later.resolve_kernel() == model.kernel

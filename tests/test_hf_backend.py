@@ -673,21 +673,33 @@ def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
         pytest.skip("this machine's kernels give the same bits for any row count: the wrong variant shows nothing")
 
 
-def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_steps(tmp_path, monkeypatch):
+def _invariant_llama(kind: str):
+    """The default target's layer shapes in bfloat16, its compiled steps batch-invariant in variant `kind`."""
+    model = _bf16_llama(hidden=576, intermediate=1536)
+    model.compile, model.kernel, model._invariant_kind = True, hf.INVARIANT, kind
+    return model
+
+
+@pytest.mark.parametrize("kind", [hf.INVARIANT_DPBF16, hf.INVARIANT])
+def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_steps(tmp_path, monkeypatch, kind):
     # compile="invariant": a 28-node tree scored in one compiled step (the bucket of 32) gives every node the
     # logits that compiled one-token steps along its path give, bit for bit, as the eager step does. The model
     # has the default target's layer shapes (9 heads of 64, 3 key-value heads, 1536 hidden in the MLP) and 200
     # cached tokens: there attention traced into the graph gives a tree's nodes other bits than steps (a
-    # known-wrong variant below)
+    # known-wrong variant below). Both variants: our kernel (unpadded rows) and oneDNN (rows padded)
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    model = _bf16_llama(hidden=576, intermediate=1536)
-    model.compile, model.kernel = True, hf.INVARIANT
+    model = _invariant_llama(kind)
+    if kind == hf.INVARIANT_DPBF16:
+        if model.offers(hf.DPBF16) is not None:
+            pytest.skip(f"our kernel does not run here: {model.offers(hf.DPBF16)}")
+        assert model._invariant_padding() == 1 and model.invariant_kind() == kind
+    else:
+        assert model._invariant_padding() == model.min_rows
     assert _nodes_differing_from_one_token_steps(model, past=200) == 0
     # the tree's bucket and the steps', kept on disk: the same weights in another model load them
-    assert model.compiles >= 2 and {kind for kind, _ in model._packages} == {hf.INVARIANT}
-    again = _bf16_llama(hidden=576, intermediate=1536)
-    again.compile, again.kernel = True, hf.INVARIANT
+    assert model.compiles >= 2 and {kind for kind, _ in model._packages} == {kind}
+    again = _invariant_llama(kind)
     assert _nodes_differing_from_one_token_steps(again, past=200) == 0
     assert again.compiles == 0 and again._packages.keys() == model._packages.keys()
     # the tree's bucket was checked against one-token steps on this machine when it first ran (a chain of 32)
@@ -703,12 +715,12 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     monkeypatch.setattr(hf.HFModel, "_prompt_then_steps", whole)
     # known-wrong variants: the invariant step with attention traced into the graph (no splits), and the fast
     # compiled step (attention traced, rows unpadded, a kernel per bucket)
-    invariant_step = hf.HFModel._invariant_step
-    monkeypatch.setattr(hf.HFModel, "_invariant_step", lambda self, *args: self._step(*args))
-    traced = _bf16_llama(hidden=576, intermediate=1536)
-    traced.compile, traced.kernel, traced._packaged = True, hf.INVARIANT, False  # not the packages made above
+    step_for = hf.HFModel._step_for
+    monkeypatch.setattr(hf.HFModel, "_step_for", lambda self, kind: self._step)
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "traced" / "forward_cost.json"))  # not the packages above
+    traced = _invariant_llama(kind)
     traced = _nodes_differing_from_one_token_steps(traced, past=200)
-    monkeypatch.setattr(hf.HFModel, "_invariant_step", invariant_step)
+    monkeypatch.setattr(hf.HFModel, "_step_for", step_for)
     fast = _bf16_llama(hidden=576, intermediate=1536)
     fast.compile, fast.kernel = True, "onednn"
     if traced == 0 or _nodes_differing_from_one_token_steps(fast, past=200) == 0 or torch.equal(wrong, chain):

@@ -138,6 +138,8 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
+    if engine == "compiled" and kernels and batch_invariant and hasattr(model, "resolve_kernel"):
+        model.resolve_kernel()  # compile=True may run batch-invariant steps here (decided once per machine)
     if engine == "compiled" and getattr(model, "kernel", None) == "invariant":
         engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")
     # eager static forwards pay for batch invariance (a draft's do not); in a reduced precision on a CPU, with
@@ -148,8 +150,9 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
 
         # another compiled graph for the same model: its packages and curves are made again
         variant = f"|step={STEP_VERSION}"
-        if kernels and engine == "compiled" and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
-            variant += "|dpbf16"  # our kernel joins the race here: steps (and so the curve) may change
+        if kernels and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
+            # our kernel joins the race here (or runs the batch-invariant step): steps, and so the curve, change
+            variant += "|dpbf16"
     if engine.startswith("static"):
         from . import static
 
@@ -161,7 +164,6 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
             f"torch={torch.__version__}|isa={instruction_sets()}" + variant + ("|masked" if masked else ""))
 
 
-@functools.cache
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (/proc/cpuinfo's "flags", or "Features" on ARM; empty where there is none)."""
@@ -381,7 +383,8 @@ def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) 
             continue
         cost = measure_forward_cost(model, repeats=repeats, batch_invariant=role != "draft")
         curves[role] = {"name": model.name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
-                        "engine": cost_key(model).split("|")[3], "padded_tokens": cost.padded,
+                        "engine": cost_key(model, batch_invariant=role != "draft").split("|")[3],
+                        "padded_tokens": cost.padded,
                         "contexts": list(cost.contexts),
                         "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
     some = next(m for m in models.values() if m is not None)

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -95,10 +97,117 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   return y.view(sizes);
 }
 
+// e^x for float32 lanes, x <= 0: 2^n e^r with n = round(x log2 e) and a degree-7 polynomial for e^r (Cephes'
+// expf). Lanes below -87 give 0 exactly (a masked key, or one that weighs less than float32 can hold).
+inline __m512 exp_nonpositive(__m512 x) {
+  const __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~zero), p, n);
+}
+
+// Softmax attention of one query row against keys [K, d] (row stride ldk), values [K, dv] (ldv), in float32, each
+// sum in one fixed order: a score sums its d products in lanes of 16 then across them; the weighted values and the
+// normaliser add key after key from key 0, skipping keys of weight 0. So a row's output depends only on the keys
+// it sees with a weight above 0 and their order in the buffer, not on how many rows, keys or masked slots
+// (a tree's other branches) come with it: a tree node whose ancestors sit in the buffer in order gets the bits a
+// chain step gets.
+void attend_row(const float* q, const float* keys, int64_t ldk, const float* values, int64_t ldv,
+                const float* mask, int64_t mask_stride, int64_t width, int64_t d, int64_t dv, float scaling,
+                float* scores, float* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < width; ++j) {
+    const float* k = keys + j * ldk;
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    for (int64_t i = 16; i < d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), acc);
+    const float s = _mm512_reduce_add_ps(acc) * scaling + (mask ? mask[j * mask_stride] : 0.0f);
+    scores[j] = s;
+    top = std::max(top, s);
+  }
+  int64_t j = 0;
+  const __m512 shift = _mm512_set1_ps(top);
+  for (; j + 16 <= width; j += 16)
+    _mm512_storeu_ps(scores + j, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + j), shift)));
+  if (j < width) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (width - j)) - 1);
+    _mm512_mask_storeu_ps(scores + j, tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + j), shift)));
+  }
+  constexpr int kMaxVectors = 16;  // dv up to 256
+  __m512 acc[kMaxVectors];
+  const int64_t vectors = dv / 16;
+  for (int64_t v = 0; v < vectors; ++v) acc[v] = _mm512_setzero_ps();
+  float total = 0.0f;
+  for (j = 0; j < width; ++j) {
+    const float w = scores[j];
+    if (w == 0.0f) continue;
+    total += w;
+    const __m512 weight = _mm512_set1_ps(w);
+    const float* value = values + j * ldv;
+    for (int64_t v = 0; v < vectors; ++v) acc[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * v), acc[v]);
+  }
+  const __m512 norm = _mm512_set1_ps(total);
+  for (int64_t v = 0; v < vectors; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(acc[v], norm));
+}
+
+// query [B, Hq, n, d], float32 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] (a cache's buffers: the
+// first K slots are read, K = the mask's last size), additive float32 mask [B, 1, n, K] (may be broadcast), out
+// [B, Hq, n, dv] in the query's type; query head h attends with key head h / (Hq / Hkv)
+at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                  int64_t dv, double scaling) {
+  TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && mask.dim() == 4,
+              "multispec_dpbf16::attend: 4-dimensional query, keys, values and mask");
+  TORCH_CHECK(keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat,
+              "multispec_dpbf16::attend: float32 keys, values and mask");
+  const int64_t b = query.size(0), hq = query.size(1), n = query.size(2), d = query.size(3);
+  const int64_t hk = keys.size(1), width = mask.size(3);
+  TORCH_CHECK(d % 16 == 0 && dv % 16 == 0 && dv <= 256 && keys.size(3) == d && values.size(3) >= dv,
+              "multispec_dpbf16::attend: head sizes must be multiples of 16 (values up to 256)");
+  TORCH_CHECK(hk > 0 && hq % hk == 0 && keys.size(2) >= width && values.size(2) >= width && mask.size(2) == n,
+              "multispec_dpbf16::attend: shapes do not agree");
+  TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "multispec_dpbf16::attend: keys and values must be "
+              "contiguous in their last dimension");
+  const at::Tensor q = query.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({b, hq, n, dv}, q.options());
+  const int64_t group = hq / hk;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  const float* mp = mask.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scale = static_cast<float>(scaling);
+  // one item per (batch row, query head, token)
+  at::parallel_for(0, b * hq * n, 1, [&](int64_t start, int64_t end) {
+    std::vector<float> scores(width);
+    for (int64_t item = start; item < end; ++item) {
+      const int64_t t = item % n, h = (item / n) % hq, r = item / (n * hq);
+      const int64_t kh = h / group;
+      attend_row(qp + item * d, kp + r * keys.stride(0) + kh * keys.stride(1), keys.stride(2),
+                 vp + r * values.stride(0) + kh * values.stride(1), values.stride(2),
+                 mp + r * mask.stride(0) + t * mask.stride(2), mask.stride(3), width, d, dv, scale, scores.data(),
+                 op + item * dv);
+    }
+  });
+  return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("attend(Tensor query, Tensor keys, Tensor values, Tensor mask, int dv, float scaling) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) { m.impl("linear", &linear); }
+TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("attend", &attend);
+}

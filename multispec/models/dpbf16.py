@@ -64,7 +64,27 @@ def _load() -> str | None:
     except Exception as e:  # noqa: BLE001 - a machine without a working compiler runs the other variants
         return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     torch.library.register_fake("multispec_dpbf16::linear")(_shape)
+    torch.library.register_fake("multispec_dpbf16::attend")(_attended)
     return None
+
+
+def _attended(query, keys, values, mask, dv, scaling):
+    return query.new_empty((*query.shape[:-1], dv))
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dv: int,
+           scaling: float) -> torch.Tensor:
+    """Softmax attention in float32 with every sum in one order (`dpbf16.cpp`, `attend_row`): query [B, Hq, n,
+    d], float32 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] (the first K slots are read, K =
+    mask.shape[-1]), additive float32 mask [B, 1, n, K] -> [B, Hq, n, dv] in the query's type. A row's output
+    depends only on the keys it sees with a weight above 0, in their slot order: not on the other rows, nor on
+    masked slots between them, so a tree node gets a chain step's bits."""
+    return torch.ops.multispec_dpbf16.attend(query, keys, values, mask, dv, scaling)
+
+
+def attends(head_dim: int, value_dim: int) -> bool:
+    """Whether `attend` takes heads of these sizes."""
+    return head_dim % 16 == 0 and value_dim % 16 == 0 and value_dim <= 256
 
 
 def _shape(input, packed, bias, out_features):
@@ -108,6 +128,15 @@ def _member_forward(self, x):
 
 def routes(model: torch.nn.Module) -> bool:
     return any(eligible(m) for m in model.modules())
+
+
+def routes_all(model: torch.nn.Module) -> bool:
+    """Whether the kernel takes every matrix product of the model's layers (no other linear map, nor
+    transformers' Conv1D, is left to a library kernel)."""
+    from transformers.pytorch_utils import Conv1D
+
+    maps = [m for m in model.modules() if isinstance(m, torch.nn.Linear | Conv1D)]
+    return bool(maps) and all(eligible(m) for m in maps)
 
 
 @torch.no_grad()

@@ -60,12 +60,24 @@ CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
 # speculative outputs drift from greedy `ar` in a reduced precision.
 INVARIANT = "invariant"
 INVARIANT_KERNELS = {"freezing": True}
+# The same on our kernel, where it runs here: each output sums its products in one order whatever the rows fed
+# with it, so the rows are not padded (a one-token step costs what the fast step's does). Its products that read
+# one input are concatenated, which changes no output's sum.
+INVARIANT_DPBF16 = f"{INVARIANT}+{DPBF16}{CONCAT}"
+INVARIANT_CHOICE = "invariant kernel"  # the kept one of the two, in the kernel store under the package key
+# compile=True: steps are batch-invariant where that step (on our kernels) costs at most this much of the fast one
+EXACT_TOLERANCE = 1.05
+EXACT_CHOICE = "batch-invariant"  # the outcome, in the kernel store under the fast steps' package key
 
 
 def kernel_options(kind: str) -> dict:
     """The inductor options of a CPU kernel variant (one of `VARIANTS`, or `INVARIANT`)."""
     if kind == INVARIANT:
         return INVARIANT_KERNELS
+    if kind == INVARIANT_DPBF16:
+        # inductor fuses other pointwise chains for other buckets and, in a fusion, keeps float32 between ops
+        # that eager rounds to bfloat16: with the roundings kept, a fusion changes no bit
+        return {**INVARIANT_KERNELS, "emulate_precision_casts": True}
     if kind not in VARIANTS:
         raise ValueError(f"kernel {kind!r}: one of {', '.join(VARIANTS)}")
     base = kind.removesuffix(CONCAT)
@@ -76,6 +88,11 @@ def kernel_options(kind: str) -> dict:
 # choices made without them are made again)
 STEP_VERSION = 3
 INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
+
+
+def on_dpbf16(kind: str) -> bool:
+    """Whether a compiled step's variant runs its linear maps through our kernel (`DPBF16`)."""
+    return DPBF16 in kind.split("+")
 
 
 def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
@@ -190,6 +207,9 @@ class HFModel(LanguageModel):
         self.kernel = INVARIANT if compile == INVARIANT else "auto"
         if self.kernel == INVARIANT and self.compile and self.device.type != "cpu":
             raise ValueError(f"compile={INVARIANT!r} is built and measured for CPUs; {self.device} has no such step")
+        self._invariant_kind: str | None = None  # the variant INVARIANT steps run in (`invariant_kind`)
+        # compile=True: whether steps are batch-invariant here all the same (`resolve_kernel`; None: not decided)
+        self._exact: bool | None = None if self.kernel == "auto" and self.compile else False
         self.kernels: dict[tuple[int, int], str] = {}
         # INVARIANT: a bucket of new tokens (one row) -> how many of its tokens got other logits than one-token
         # steps when checked on this machine (`_check_invariance`; 0: the same bits)
@@ -213,6 +233,111 @@ class HFModel(LanguageModel):
     def _eager_kernels(self):
         """The context eager static steps run in: packed linear maps where `linears.pack` chose them."""
         return linears.active() if self.eager_packed() else contextlib.nullcontext()
+
+    def resolve_kernel(self) -> str:
+        """The compiled step's kernel mode ("auto" or INVARIANT), deciding it on first asking: with compile=True,
+        where our kernels take every product here, a one-token batch-invariant step on them
+        (`INVARIANT_DPBF16`) is timed against the fast one (interleaved, once per machine, kept), and the steps
+        are batch-invariant wherever it cost at most EXACT_TOLERANCE times as much: greedy speculative outputs
+        then equal greedy `ar`'s in bfloat16 as well."""
+        if self._exact is None:
+            self._exact = False  # (the race's own steps come back here)
+            eligible = (self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.offers(DPBF16) is None
+                        and dpbf16.routes_all(self.model))
+            if eligible:
+                kept = _stored_entry(self._package_key(), EXACT_CHOICE)
+                exact = kept["exact"] if isinstance((kept or {}).get("exact"), bool) else self._race_exact()
+                if exact:
+                    self.kernel, self._invariant_kind, self._exact = INVARIANT, INVARIANT_DPBF16, True
+        return self.kernel
+
+    @torch.inference_mode()
+    def _race_exact(self) -> bool:
+        key = self._package_key()  # the fast steps' (the choice is kept under it)
+        compiled_before, t0 = self.compile_seconds, time.perf_counter()
+        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + 1), generator=torch.Generator().manual_seed(0))
+        cache = self.new_cache()
+        self.forward(cache, ids[:, :-1], logits_to_keep=1)
+        past = cache.length
+        times: dict[str, list[float]] = {"auto": [], INVARIANT_DPBF16: []}
+        try:
+            for rounds in (2, CHOICE_ROUNDS):  # a compile (or load, or the fast step's race) and a warm-up first
+                for _ in range(rounds):
+                    for kind in times:
+                        self.kernel = INVARIANT if kind == INVARIANT_DPBF16 else "auto"
+                        self._invariant_kind = INVARIANT_DPBF16
+                        start = time.perf_counter()
+                        self.forward(cache, ids[:, -1:])
+                        if rounds == CHOICE_ROUNDS:
+                            times[kind].append(time.perf_counter() - start)
+                        cache.crop(past)
+                        if self._invariant_kind != INVARIANT_DPBF16:  # its step did not compile (a line said so)
+                            raise RuntimeError
+        except RuntimeError:
+            times[INVARIANT_DPBF16] = []
+        finally:
+            self.kernel, self._invariant_kind = "auto", None
+            self.invariance.clear()
+        seconds = {kind: statistics.median(t) for kind, t in times.items() if t}
+        exact = INVARIANT_DPBF16 in seconds and seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"]
+        _store_entry(key, EXACT_CHOICE, {"exact": exact, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
+        self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
+        note(f"multispec: {self.name}, 1 token: " + ", ".join(
+            f"{'batch-invariant' if k == INVARIANT_DPBF16 else 'fast'} step {1e3 * v:.1f} ms" for k, v in seconds.items())
+            + f" here; its steps are {'batch-invariant' if exact else 'the fast ones'}")
+        return exact
+
+    def invariant_kind(self) -> str:
+        """The variant batch-invariant compiled steps run in: oneDNN on rows padded to `min_rows` (`INVARIANT`),
+        or, where our kernel takes every linear map here, whichever of it (`INVARIANT_DPBF16`, rows unpadded)
+        and oneDNN ran a one-token step faster on this machine (timed once, on first asking; kept)."""
+        if self._invariant_kind is None:
+            if self.offers(DPBF16) is not None or not dpbf16.routes_all(self.model):
+                self._invariant_kind = INVARIANT
+            else:
+                kept = (_stored_entry(self._package_key(), INVARIANT_CHOICE) or {}).get("kernel")
+                self._invariant_kind = kept if kept in (INVARIANT, INVARIANT_DPBF16) else self._race_invariant()
+        return self._invariant_kind
+
+    @torch.inference_mode()
+    def _race_invariant(self) -> str:
+        """Time a one-token batch-invariant step on oneDNN and on our kernel (each compiled or loaded first;
+        interleaved rounds after a short prompt), keep the faster here, and drop the other's package."""
+        compiled_before, t0 = self.compile_seconds, time.perf_counter()
+        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + 1), generator=torch.Generator().manual_seed(0))
+        cache = self.new_cache()
+        kinds = [INVARIANT_DPBF16, INVARIANT]
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for rounds in (2, CHOICE_ROUNDS):  # a compile (or load) and a warm-up step first
+            for _ in range(rounds):
+                for kind in list(times):
+                    self._invariant_kind = kind
+                    if cache.length == 0:
+                        self.forward(cache, ids[:, :-1], logits_to_keep=1)
+                    past = cache.length
+                    start = time.perf_counter()
+                    self.forward(cache, ids[:, -1:])
+                    if self._invariant_kind != kind:  # our kernel's step did not compile (`forward` said so)
+                        times.pop(kind)
+                    elif rounds == CHOICE_ROUNDS:
+                        times[kind].append(time.perf_counter() - start)
+                    cache.crop(past)
+        self.invariance.clear()  # the race's steps are not the kept variant's checks
+        seconds = {kind: statistics.median(t) for kind, t in times.items() if t}
+        kind = min(seconds, key=seconds.get) if seconds else INVARIANT
+        _store_entry(self._package_key(), INVARIANT_CHOICE,
+                     {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
+        for (other, shape) in [key for key in self._packages if key[0] != kind]:
+            self._packages.pop((other, shape))
+            packaged.remove(packaged.path_for(self._package_key(), other, shape))
+        self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
+        note(f"multispec: {self.name}'s batch-invariant step, 1 token: "
+             + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items()) + f" here; keeps {kind}")
+        return kind
+
+    def _invariant_padding(self) -> int:
+        """Rows a batch-invariant compiled step is padded to."""
+        return 1 if self.invariant_kind() == INVARIANT_DPBF16 else self.min_rows
 
     @property
     def min_rows(self) -> int:
@@ -330,12 +455,14 @@ class HFModel(LanguageModel):
                                            batch_invariant)
         # a prompt (the first feed) runs eagerly: its length differs from call to call
         compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
+        if compiled and batch_invariant:  # (a draft's forwards are not: its logits decide nothing)
+            self.resolve_kernel()
         graphed = self.graphs and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
         # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
         invariant = compiled and self.kernel == INVARIANT
         if compiled:
-            width = bucket(max(n, -(-self.min_rows // b)) if invariant else n)
+            width = bucket(max(n, -(-self._invariant_padding() // b)) if invariant else n)
             if b == 1:
                 width = self.bucket_route.get(width, width)
         else:
@@ -411,10 +538,17 @@ class HFModel(LanguageModel):
                 logits = self._run_compiled(ids, pos, masks, slots, cache)
             except Exception as e:  # noqa: BLE001 - a model torch cannot compile still decodes, eagerly
                 # nothing is committed before the compiled call returns (the length is set after it), so the
-                # same feed runs again from the top, eagerly
+                # same feed runs again from the top: batch-invariant on oneDNN where our kernel's step failed,
+                # else eagerly
+                why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                if invariant and self._invariant_kind == INVARIANT_DPBF16:
+                    self._invariant_kind = INVARIANT
+                    note(f"multispec: {self.name}'s batch-invariant steps run on oneDNN: on our kernel they did "
+                         f"not compile ({why})")
+                    return self.forward(cache, tokens, positions, mask, logits_to_keep,
+                                        batch_invariant=batch_invariant)
                 self.compile = False
-                note(f"multispec: {self.name} runs uncompiled: its compile failed ({type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:200]})")
+                note(f"multispec: {self.name} runs uncompiled: its compile failed ({why})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
             if invariant and b == 1 and width not in self.invariance:
                 logits = logits.clone()  # the probe runs steps of its own before this feed returns
@@ -513,10 +647,12 @@ class HFModel(LanguageModel):
             return full
         return {"full_attention": full, "sliding_attention": windowed} if self.mixed_layers else windowed
 
-    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0, split=None):
+    def _step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0, split=None, exact=False):
         extra = {"ms_fused": fused} if fused else {}
         if split is not None:
             extra["ms_splits"] = split
+        if exact:
+            extra["ms_exact"] = True
         return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
                           logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
                           **extra).logits
@@ -528,7 +664,7 @@ class HFModel(LanguageModel):
         invariance rests on kernels that do not change with the rows (`INVARIANT_KERNELS`, `min_rows` measured on
         the eager kernels); where this machine's do, a line says so, and `invariance` keeps the count."""
         self.invariance[width] = 0  # the probe's own feeds come back through `forward`
-        if width <= bucket(max(1, self.min_rows)):
+        if width <= bucket(self._invariant_padding()):
             return  # the one-token step's own bucket
         differing = _stored_check(self, width)
         if differing is None:
@@ -561,14 +697,21 @@ class HFModel(LanguageModel):
         # function of the positions, computed in the graph, so the step takes the plain step's arguments
         return self._step(ids, positions, masks, slots, keys, values, 0, 0, static.splits(positions))
 
+    def _exact_step(self, ids, positions, masks, slots, keys, values):
+        # on our kernels, attention runs through our invariant operator where it takes the heads (`dpbf16.attend`;
+        # `static.attention` falls back to the split one elsewhere)
+        return self._step(ids, positions, masks, slots, keys, values, 0, 0, static.splits(positions), exact=True)
+
     def _step_for(self, kind: str):
         """The function a kernel variant's compiled step runs."""
+        if kind == INVARIANT_DPBF16:
+            return self._exact_step
         return self._invariant_step if kind == INVARIANT else self._step
 
     def _run_compiled(self, ids, positions, masks, slots, cache):
         args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
-        kind = self.kernels.get(shape)
+        kind = self.invariant_kind() if self.kernel == INVARIANT else self.kernels.get(shape)
         if kind is None:
             if self.kernel != "auto" or self.device.type != "cpu":
                 kind = self.kernel
@@ -609,8 +752,8 @@ class HFModel(LanguageModel):
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
         kernels = kernel_options(kind) if self.device.type == "cpu" else {}
-        if kind.startswith(DPBF16) and self.offers(DPBF16) is not None:
-            raise ValueError(f"kernel {kind!r} does not run here: {self.offers(kind)}")
+        if on_dpbf16(kind) and self.offers(DPBF16) is not None:
+            raise ValueError(f"kernel {kind!r} does not run here: {self.offers(DPBF16)}")
         if self._packaging():
             step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
             if step is not None:
@@ -709,8 +852,8 @@ class HFModel(LanguageModel):
 
     def _package_key(self) -> str:
         if self._weights_key is None:
-            self._weights_key = f"{_kernel_key(self)}|weights={packaged.weights_fingerprint(self.model)}"
-        return self._weights_key
+            self._weights_key = packaged.weights_fingerprint(self.model)
+        return f"{_kernel_key(self)}|weights={self._weights_key}"
 
     def _package(self, kind, shape, args, kernels, t0):
         """This shape's compiled step in variant `kind`, loaded from this machine's packages or compiled into
@@ -721,7 +864,7 @@ class HFModel(LanguageModel):
         what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
         if step is None:
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
-            routed = (dpbf16.routed(self.model, concat=kind.endswith(CONCAT)) if kind.startswith(DPBF16)
+            routed = (dpbf16.routed(self.model, concat=kind.endswith(CONCAT)) if on_dpbf16(kind)
                       else contextlib.nullcontext())
             try:
                 with _compile_settings(kernels), routed:
@@ -730,7 +873,7 @@ class HFModel(LanguageModel):
                 if step is None:
                     raise RuntimeError(f"the package written to {path} does not load")
             except Exception as e:  # noqa: BLE001 - torch.compile in this process still compiles most models
-                if kind.startswith(DPBF16):  # our kernel runs only in packages; the others may still export
+                if on_dpbf16(kind):  # our kernel runs only in packages; the others may still export
                     raise
                 self._packaged = False
                 note(f"multispec: {self.name} is compiled in memory, per process: it does not export "
@@ -919,12 +1062,12 @@ def _tried(entry: dict) -> set[str]:
 def _stored_check(model, width: int) -> int | None:
     """`HFModel._check_invariance`'s outcome for this bucket from an earlier process on this machine, if any
     (keyed with the weights: a check is of one model's step)."""
-    differing = (_stored_entry(model._package_key(), f"{INVARIANT} 1x{width}") or {}).get("differing")
+    differing = (_stored_entry(model._package_key(), f"{model.invariant_kind()} 1x{width}") or {}).get("differing")
     return differing if isinstance(differing, int) else None
 
 
 def _store_check(model, width: int, differing: int) -> None:
-    _store_entry(model._package_key(), f"{INVARIANT} 1x{width}", {"differing": differing, "of": width})
+    _store_entry(model._package_key(), f"{model.invariant_kind()} 1x{width}", {"differing": differing, "of": width})
 
 
 def _store_kernel(model, shape, kind: str, seconds: dict[str, float], failed: list[str],

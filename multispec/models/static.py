@@ -25,6 +25,8 @@ import sys
 
 import torch
 
+from . import dpbf16
+
 NAME = "multispec"
 QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's prefill; bounds the scores held)
 # CPU matmul libraries switch kernels (and summation order) for a handful of rows, so one token's scores would
@@ -81,6 +83,11 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                               attention_mask[:, :, fused:], float(scaling), 0.0, split)
                 head = torch.cat([head, rest], 2)
             return head.transpose(1, 2), None
+        if kwargs.get("ms_exact") and not softcap and dpbf16.attends(query.shape[-1], value.shape[-1]):
+            # the batch-invariant compiled step on our kernels (`HFModel`, `hf.INVARIANT_DPBF16`): one pass per
+            # query row, sums in a fixed order, invariant to rows and to a tree's layout without splits
+            out = dpbf16.attend(query, keys, values, attention_mask.float(), value.shape[-1], float(scaling))
+            return out.transpose(1, 2), None
         if TRACED_ATTENTION and split is None and torch.compiler.is_compiling():
             # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
             # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
