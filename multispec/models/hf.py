@@ -53,16 +53,17 @@ DPBF16 = "dpbf16"
 CONCAT = "+concat"
 VARIANTS = (*KERNELS, *(kind + CONCAT for kind in KERNELS))
 CHOICE_ROUNDS = 5  # interleaved timed steps per variant when choosing
-# `compile="invariant"`: every product through oneDNN on frozen weights, rows padded to `min_rows`, and attention
-# through the batch-invariant operator (`static.attend`, with each query's split): a token's logits do not
-# depend on the bucket it is scored in. The variants above differ from bucket to bucket (autotuning picks
+# `compile="invariant"` (and compile=True where it costs no more, `HFModel.resolve_kernel`): one variant for every
+# shape, in which a token's logits do not depend on the bucket it is scored in. On oneDNN: every product on frozen
+# weights, rows padded to `min_rows`, attention through the batch-invariant operator (`static.attend`, with each
+# query's split). The variants above differ from bucket to bucket (autotuning picks
 # other kernels per shape, and traced attention sums over a key length that grows with the bucket), so greedy
 # speculative outputs drift from greedy `ar` in a reduced precision.
 INVARIANT = "invariant"
 INVARIANT_KERNELS = {"freezing": True}
-# The same on our kernel, where it runs here: each output sums its products in one order whatever the rows fed
-# with it, so the rows are not padded (a one-token step costs what the fast step's does). Its products that read
-# one input are concatenated, which changes no output's sum.
+# On our kernels, where they run here: each product's output sums in one order whatever the rows fed with it, so
+# rows are not padded (products that read one input are concatenated, which changes no output's sum), and
+# attention runs through our fixed-order operator (`dpbf16.attend`), invariant to a tree's layout without splits.
 INVARIANT_DPBF16 = f"{INVARIANT}+{DPBF16}{CONCAT}"
 INVARIANT_CHOICE = "invariant kernel"  # the kept one of the two, in the kernel store under the package key
 # compile=True: steps are batch-invariant where that step (on our kernels) costs at most this much of the fast one
@@ -71,7 +72,7 @@ EXACT_CHOICE = "batch-invariant"  # the outcome, in the kernel store under the f
 
 
 def kernel_options(kind: str) -> dict:
-    """The inductor options of a CPU kernel variant (one of `VARIANTS`, or `INVARIANT`)."""
+    """The inductor options of a CPU kernel variant (one of `VARIANTS`, `INVARIANT` or `INVARIANT_DPBF16`)."""
     if kind == INVARIANT:
         return INVARIANT_KERNELS
     if kind == INVARIANT_DPBF16:

@@ -1,6 +1,5 @@
 #!/bin/sh
-# tokens/s of whole greedy generations, batch-invariant against fast compiled steps, alternating processes
-# (session 44's script: six Spec-Bench dev prompts, 64 tokens, hf in every process)
-for mode in invariant compiled invariant compiled; do
-  python benchmarks/results/compiled-invariant-s44-cpu-2core/gen_speed.py $mode
+# alternating processes: the default compiled step (batch-invariant here) and the fast one
+for mode in default fast default fast; do
+  python benchmarks/results/compiled-invariant-dpbf16-s50-cpu-2core/gen_speed.py $mode
 done
