@@ -45,7 +45,7 @@ def load_model(name: str | None, device: str | None = None, default: str = TARGE
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
     hub id or path. `dtype` (float32, bfloat16, float16; default bfloat16 where the hardware has fast
     bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
-    one device over several; `compile`: compiled forwards, True or "invariant" (see `HFModel`)."""
+    one device over several; `compile`: compiled forwards, True, "invariant" or "fast" (see `HFModel`)."""
     name = name or default
     check_device(device)
     dtype = parse_dtype(dtype) or default_dtype(device)
@@ -98,7 +98,8 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
               compile: bool | str = False) -> ModelPair:
     """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` and
     `compile` for both (`compile="invariant"`: the target's compiled steps are batch-invariant, so greedy
-    speculative methods give greedy `ar`'s tokens; the draft's, which decide nothing, are compiled as usual).
+    speculative methods give greedy `ar`'s tokens; True: so are they where that costs no more on this machine;
+    "fast": never; the draft's, which decide nothing, are compiled as usual).
 
     With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
     """

@@ -38,6 +38,7 @@ def _pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
     p.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
+    p.add_argument("--fast", action="store_true", help="the fast compiled step (see generate --fast)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "compiling takes minutes per shape the first time on a machine; on a CPU the compiled steps are kept "
                         "on disk and later processes load them")
     g.add_argument("--invariant", action="store_true",
-                   help="with --compile: batch-invariant compiled steps (slower: oneDNN for every product, attention through the batch-invariant operator), so a greedy speculative method gives greedy ar's tokens in bfloat16 too; eager forwards are batch-invariant already")
+                   help="with --compile: batch-invariant compiled steps on every machine, so a greedy speculative method gives greedy ar's tokens in bfloat16 too (plain --compile steps already are where our kernels run and cost no more; eager forwards are batch-invariant already)")
+    g.add_argument("--fast", action="store_true",
+                   help="with --compile: the fast compiled step (kernels raced per shape) even where batch-invariant steps would cost no more")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
 
     c = sub.add_parser("check", help="test a method's output law against the exact one on small Markov pairs",
@@ -141,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile", action="store_true",
                    help="compiled forwards for our methods (compiles happen in the warm-up, not in timed rows)")
     b.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
+    b.add_argument("--fast", action="store_true", help="the fast compiled step (see generate --fast)")
     b.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     b.add_argument("--out", default="bench-out", help="output folder")
     b.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rows")
@@ -174,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     tu.add_argument("--compile", action="store_true", help="compile forwards (see generate --compile)")
     tu.add_argument("--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)")
+    tu.add_argument("--fast", action="store_true", help="the fast compiled step (see generate --fast)")
     tu.add_argument("--no-chat", action="store_true", help="feed text prompts raw, without the chat template")
     tu.add_argument("--out", default="plan.json", help="the plan file to write")
     tu.add_argument("--json", action="store_true", help="print the plan file's contents instead of the table")
@@ -226,8 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _compile(args) -> bool | str:
-    """What `load_pair` takes for --compile and --invariant (eager forwards are batch-invariant already)."""
-    return "invariant" if args.compile and getattr(args, "invariant", False) else args.compile
+    """What `load_pair` takes for --compile, --invariant and --fast (eager forwards are batch-invariant already)."""
+    invariant, fast = getattr(args, "invariant", False), getattr(args, "fast", False)
+    if invariant and fast:
+        raise SystemExit("multispec: --invariant and --fast ask for opposite compiled steps: give one")
+    if args.compile and (invariant or fast):
+        return "invariant" if invariant else "fast"
+    return args.compile
 
 
 def cmd_methods(args) -> int:

@@ -749,17 +749,29 @@ def test_a_batch_invariant_step_that_fails_its_check_says_so_and_the_machine_rem
     assert probed == [8, 8]
 
 
-def test_compile_takes_true_false_or_invariant():
+def test_compile_takes_true_false_invariant_or_fast():
     from multispec.api import describe_model
     from multispec.models.hf import HFModel
 
     model = tiny_llama().model
-    with pytest.raises(ValueError, match="compile='fast'"):
-        HFModel(model, None, compile="fast")
+    with pytest.raises(ValueError, match="compile='quick'"):
+        HFModel(model, None, compile="quick")
     invariant = HFModel(model, None, name="tiny", compile="invariant")
     assert invariant.compile and invariant.kernel == "invariant"
     assert describe_model(invariant).endswith("compiled, batch-invariant")
-    assert HFModel(model, None, name="tiny", compile=True).kernel == "auto"
+    # True: batch-invariant where that costs no more here (decided at the first compiled step); "fast": never
+    auto, fast = HFModel(model, None, name="tiny", compile=True), HFModel(model, None, name="tiny", compile="fast")
+    assert auto.kernel == fast.kernel == "auto" and auto.compile and fast.compile
+    assert auto._exact is None and fast._exact is False and fast.resolve_kernel() == "auto"
+    from multispec.cli import _compile, build_parser
+
+    def compile_of(*flags):
+        return _compile(build_parser().parse_args(["generate", "hi", *flags]))
+
+    assert [compile_of(), compile_of("--compile"), compile_of("--compile", "--invariant"),
+            compile_of("--compile", "--fast"), compile_of("--fast")] == [False, True, "invariant", "fast", False]
+    with pytest.raises(SystemExit, match="opposite"):
+        compile_of("--compile", "--invariant", "--fast")
 
 
 def _scored_after_a_prompt(model, drafts: int, step_by_step: bool) -> torch.Tensor:

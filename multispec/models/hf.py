@@ -69,6 +69,7 @@ INVARIANT_CHOICE = "invariant kernel"  # the kept one of the two, in the kernel 
 # compile=True: steps are batch-invariant where that step (on our kernels) costs at most this much of the fast one
 EXACT_TOLERANCE = 1.05
 EXACT_CHOICE = "batch-invariant"  # the outcome, in the kernel store under the fast steps' package key
+FAST = "fast"  # compile=FAST: the fast step even where the batch-invariant one costs no more
 
 
 def kernel_options(kind: str) -> dict:
@@ -156,8 +157,8 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
 class HFModel(LanguageModel):
     def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True,
                  compile: bool | str = False):
-        if compile not in (False, True, INVARIANT):
-            raise ValueError(f"compile={compile!r}: False, True or {INVARIANT!r}")
+        if compile not in (False, True, INVARIANT, FAST):
+            raise ValueError(f"compile={compile!r}: False, True, {INVARIANT!r} or {FAST!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
@@ -210,7 +211,7 @@ class HFModel(LanguageModel):
             raise ValueError(f"compile={INVARIANT!r} is built and measured for CPUs; {self.device} has no such step")
         self._invariant_kind: str | None = None  # the variant INVARIANT steps run in (`invariant_kind`)
         # compile=True: whether steps are batch-invariant here all the same (`resolve_kernel`; None: not decided)
-        self._exact: bool | None = None if self.kernel == "auto" and self.compile else False
+        self._exact: bool | None = None if compile is True else False
         self.kernels: dict[tuple[int, int], str] = {}
         # INVARIANT: a bucket of new tokens (one row) -> how many of its tokens got other logits than one-token
         # steps when checked on this machine (`_check_invariance`; 0: the same bits)
