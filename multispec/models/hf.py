@@ -253,34 +253,14 @@ class HFModel(LanguageModel):
                     self.kernel, self._invariant_kind, self._exact = INVARIANT, INVARIANT_DPBF16, True
         return self.kernel
 
-    @torch.inference_mode()
     def _race_exact(self) -> bool:
         key = self._package_key()  # the fast steps' (the choice is kept under it)
         compiled_before, t0 = self.compile_seconds, time.perf_counter()
-        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + 1), generator=torch.Generator().manual_seed(0))
-        cache = self.new_cache()
-        self.forward(cache, ids[:, :-1], logits_to_keep=1)
-        past = cache.length
-        times: dict[str, list[float]] = {"auto": [], INVARIANT_DPBF16: []}
         try:
-            for rounds in (2, CHOICE_ROUNDS):  # a compile (or load, or the fast step's race) and a warm-up first
-                for _ in range(rounds):
-                    for kind in times:
-                        self.kernel = INVARIANT if kind == INVARIANT_DPBF16 else "auto"
-                        self._invariant_kind = INVARIANT_DPBF16
-                        start = time.perf_counter()
-                        self.forward(cache, ids[:, -1:])
-                        if rounds == CHOICE_ROUNDS:
-                            times[kind].append(time.perf_counter() - start)
-                        cache.crop(past)
-                        if self._invariant_kind != INVARIANT_DPBF16:  # its step did not compile (a line said so)
-                            raise RuntimeError
-        except RuntimeError:
-            times[INVARIANT_DPBF16] = []
+            seconds = self._time_one_token({"auto": ("auto", INVARIANT_DPBF16),
+                                            INVARIANT_DPBF16: (INVARIANT, INVARIANT_DPBF16)})
         finally:
             self.kernel, self._invariant_kind = "auto", None
-            self.invariance.clear()
-        seconds = {kind: statistics.median(t) for kind, t in times.items() if t}
         exact = INVARIANT_DPBF16 in seconds and seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"]
         _store_entry(key, EXACT_CHOICE, {"exact": exact, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
         self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
@@ -288,6 +268,32 @@ class HFModel(LanguageModel):
             f"{'batch-invariant' if k == INVARIANT_DPBF16 else 'fast'} step {1e3 * v:.1f} ms" for k, v in seconds.items())
             + f" here; its steps are {'batch-invariant' if exact else 'the fast ones'}")
         return exact
+
+    @torch.inference_mode()
+    def _time_one_token(self, settings: dict[str, tuple[str, str]]) -> dict[str, float]:
+        """Median seconds of a one-token compiled step after a short prompt in each setting (name -> kernel mode
+        and invariant kind, set before its step), each step compiled or loaded and warmed up first, then timed in
+        interleaved rounds. A setting whose invariant kind `forward` changed (its step did not compile, a line
+        said so) is left out. The steps' invariance checks are not kept."""
+        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + 1), generator=torch.Generator().manual_seed(0))
+        cache = self.new_cache()
+        self.forward(cache, ids[:, :-1], logits_to_keep=1)
+        past = cache.length
+        times: dict[str, list[float]] = {name: [] for name in settings}
+        for rounds in (2, CHOICE_ROUNDS):
+            for _ in range(rounds):
+                for name in list(times):
+                    self.kernel, self._invariant_kind = settings[name]
+                    start = time.perf_counter()
+                    self.forward(cache, ids[:, -1:])
+                    elapsed = time.perf_counter() - start
+                    cache.crop(past)
+                    if self._invariant_kind != settings[name][1]:
+                        times.pop(name)
+                    elif rounds == CHOICE_ROUNDS:
+                        times[name].append(elapsed)
+        self.invariance.clear()
+        return {name: statistics.median(t) for name, t in times.items() if t}
 
     def invariant_kind(self) -> str:
         """The variant batch-invariant compiled steps run in: oneDNN on rows padded to `min_rows` (`INVARIANT`),
@@ -301,31 +307,11 @@ class HFModel(LanguageModel):
                 self._invariant_kind = kept if kept in (INVARIANT, INVARIANT_DPBF16) else self._race_invariant()
         return self._invariant_kind
 
-    @torch.inference_mode()
     def _race_invariant(self) -> str:
-        """Time a one-token batch-invariant step on oneDNN and on our kernel (each compiled or loaded first;
-        interleaved rounds after a short prompt), keep the faster here, and drop the other's package."""
+        """Time a one-token batch-invariant step on oneDNN and on our kernel (`_time_one_token`), keep the faster
+        here, and drop the other's package."""
         compiled_before, t0 = self.compile_seconds, time.perf_counter()
-        ids = torch.randint(self.vocab_size, (1, INVARIANCE_PROMPT + 1), generator=torch.Generator().manual_seed(0))
-        cache = self.new_cache()
-        kinds = [INVARIANT_DPBF16, INVARIANT]
-        times: dict[str, list[float]] = {kind: [] for kind in kinds}
-        for rounds in (2, CHOICE_ROUNDS):  # a compile (or load) and a warm-up step first
-            for _ in range(rounds):
-                for kind in list(times):
-                    self._invariant_kind = kind
-                    if cache.length == 0:
-                        self.forward(cache, ids[:, :-1], logits_to_keep=1)
-                    past = cache.length
-                    start = time.perf_counter()
-                    self.forward(cache, ids[:, -1:])
-                    if self._invariant_kind != kind:  # our kernel's step did not compile (`forward` said so)
-                        times.pop(kind)
-                    elif rounds == CHOICE_ROUNDS:
-                        times[kind].append(time.perf_counter() - start)
-                    cache.crop(past)
-        self.invariance.clear()  # the race's steps are not the kept variant's checks
-        seconds = {kind: statistics.median(t) for kind, t in times.items() if t}
+        seconds = self._time_one_token({kind: (INVARIANT, kind) for kind in (INVARIANT_DPBF16, INVARIANT)})
         kind = min(seconds, key=seconds.get) if seconds else INVARIANT
         _store_entry(self._package_key(), INVARIANT_CHOICE,
                      {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
