@@ -61,6 +61,42 @@ def test_a_rows_output_does_not_depend_on_the_rows_fed_with_it(kernel):
         assert torch.equal(dpbf16.linear(x[start : start + count], packed, None, 208), full[start : start + count])
 
 
+@pytest.mark.parametrize("mode", dpbf16.PREFETCHES)
+def test_every_prefetch_gives_the_same_bits(kernel, mode):
+    # a prefetch only asks for lines early: every mode gives mode none's bits, on every tile and thread split
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(400, 96, generator=gen).bfloat16()  # 8 groups of 3 blocks and a remainder block
+    packed = dpbf16.pack(weight)
+    x = torch.randn(19, 96, generator=gen).bfloat16()
+    try:
+        for rows in (1, 2, 3, 8, 11, 19):
+            dpbf16.set_prefetch({1: "none"})
+            expected = dpbf16.linear(x[:rows], packed, None, 400)
+            dpbf16.set_prefetch({1: mode})
+            out = dpbf16.linear(x[:rows], packed, None, 400)
+            assert torch.equal(out, expected), rows
+            assert _close(out.float(), x[:rows].float(), weight.float(), None)
+    finally:
+        dpbf16.set_prefetch(dpbf16._calibrated_prefetch(dpbf16._digest()))
+
+
+def test_the_prefetch_is_calibrated_once_per_machine_and_kept(kernel, tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    small = dpbf16.calibrate(rows=(1, 8), megabytes=4, repeats=1)
+    assert set(small["ms"]) == {1, 8} and all(set(ms) == set(dpbf16.PREFETCHES) for ms in small["ms"].values())
+    for rows, mode in small["modes"].items():  # a mode other than none only where it ran faster by the margin
+        ms = small["ms"][rows]
+        assert mode == "none" or ms[mode] < (1 - dpbf16.PREFETCH_MARGIN) * ms["none"]
+    calls = []
+    monkeypatch.setattr(dpbf16, "calibrate", lambda: calls.append(1) or small)
+    assert dpbf16._calibrated_prefetch("abc") == small["modes"] and calls == [1]
+    assert dpbf16._calibrated_prefetch("abc") == small["modes"] and calls == [1]  # read back, not measured again
+    dpbf16._calibrated_prefetch("another build")
+    assert calls == [1, 1]
+    with pytest.raises(ValueError, match="unknown modes.*far"):
+        dpbf16.set_prefetch({1: "far"})
+
+
 def test_bad_shapes_are_refused_with_what_is_wrong(kernel):
     with pytest.raises(ValueError, match="odd number"):
         dpbf16.pack(torch.zeros(16, 5, dtype=torch.bfloat16))

@@ -152,7 +152,10 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
         variant = f"|step={STEP_VERSION}"
         if kernels and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
             # our kernel joins the race here (or runs the batch-invariant step): steps, and so the curve, change
-            variant += "|dpbf16"
+            # (and again with each build of it, which may run faster)
+            from . import dpbf16
+
+            variant += f"|dpbf16={dpbf16._digest()}"
     if engine.startswith("static"):
         from . import static
 

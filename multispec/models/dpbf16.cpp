@@ -21,17 +21,31 @@ namespace {
 constexpr int64_t kColumns = 16;  // output columns per packed block (one float32 vector)
 constexpr int kBlocks = 3;        // blocks a thread computes together: 8 rows x 3 blocks = 24 accumulators
 
+// Software prefetch of the weights, per number of rows (index min(rows, kMaxRows)), set by `set_prefetch` from a
+// calibration made on the machine (dpbf16.py): with a few rows, the CPU computes while memory idles unless asked
+// for the next lines early; which request pays (if any) differs between CPUs. It never changes a result.
+enum Prefetch : int { kNone = 0, kNear = 1, kAhead = 2 };
+constexpr int64_t kMaxRows = 64;
+constexpr int64_t kNearLines = 32;  // kNear: the line this many pairs further along the same block
+int8_t prefetch_for_rows[kMaxRows + 1] = {};  // kAhead: the next group's line at the same place
+
 // rows [0, R) of x (pairs of bfloat16 as uint32, `pairs` per row) times `B` blocks of the packed weight,
 // written as bfloat16 to y (row stride ldy) from column `column`
-template <int R, int B>
+template <int R, int B, int P>
 inline void tile(const uint32_t* x, int64_t pairs, const uint16_t* w, const float* bias, at::BFloat16* y,
-                 int64_t ldy, int64_t column) {
+                 int64_t ldy, int64_t column, const uint16_t* ahead) {
   __m512 acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   for (int64_t j = 0; j < pairs; ++j) {
     __m512i weights[B];
     for (int b = 0; b < B; ++b) weights[b] = _mm512_loadu_si512(w + (b * pairs + j) * 2 * kColumns);
+    if (P == kNear)
+      for (int b = 0; b < B; ++b)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (b * pairs + j + kNearLines) * 2 * kColumns), _MM_HINT_T0);
+    if (P == kAhead && ahead != nullptr)
+      for (int b = 0; b < B; ++b)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + (b * pairs + j) * 2 * kColumns), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const __m512i input = _mm512_set1_epi32(static_cast<int>(x[r * pairs + j]));
       for (int b = 0; b < B; ++b)
@@ -48,17 +62,30 @@ inline void tile(const uint32_t* x, int64_t pairs, const uint16_t* w, const floa
 }
 
 // all `rows` rows times `B` blocks starting at block `first`: tiles of 8, 4, 2 and 1 rows, the weights of the
-// blocks read from memory by the first tile and from cache by the rest
-template <int B>
+// blocks read from memory by the first tile and from cache by the rest; `more`: the thread's next group follows
+template <int B, int P>
 void blocks(const uint32_t* x, int64_t rows, int64_t pairs, const uint16_t* packed, int64_t first,
-            const float* bias, at::BFloat16* y, int64_t ldy) {
+            const float* bias, at::BFloat16* y, int64_t ldy, bool more) {
   const uint16_t* w = packed + first * pairs * 2 * kColumns;
+  const uint16_t* ahead = more ? w + B * pairs * 2 * kColumns : nullptr;
   const int64_t column = first * kColumns;
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) tile<8, B>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column);
-  for (; r + 4 <= rows; r += 4) tile<4, B>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column);
-  for (; r + 2 <= rows; r += 2) tile<2, B>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column);
-  for (; r < rows; ++r) tile<1, B>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column);
+  for (; r + 8 <= rows; r += 8) tile<8, B, P>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column, ahead);
+  for (; r + 4 <= rows; r += 4) tile<4, B, P>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column, ahead);
+  for (; r + 2 <= rows; r += 2) tile<2, B, P>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column, ahead);
+  for (; r < rows; ++r) tile<1, B, P>(x + r * pairs, pairs, w, bias, y + r * ldy, ldy, column, ahead);
+}
+
+template <int P>
+void all_blocks(const uint32_t* x, int64_t rows, int64_t pairs, const uint16_t* packed, int64_t n_blocks,
+                const float* bias, at::BFloat16* y, int64_t ldy) {
+  const int64_t groups = n_blocks / kBlocks;
+  at::parallel_for(0, groups, 1, [&](int64_t start, int64_t end) {
+    for (int64_t g = start; g < end; ++g)
+      blocks<kBlocks, P>(x, rows, pairs, packed, g * kBlocks, bias, y, ldy, g + 1 < end);
+  });
+  for (int64_t i = groups * kBlocks; i < n_blocks; ++i)
+    blocks<1, kNone>(x, rows, pairs, packed, i, bias, y, ldy, false);
 }
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
@@ -86,11 +113,11 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   auto* yp = y.data_ptr<at::BFloat16>();
   const int64_t pairs = in_features / 2;
-  const int64_t groups = n_blocks / kBlocks;
-  at::parallel_for(0, groups, 1, [&](int64_t start, int64_t end) {
-    for (int64_t g = start; g < end; ++g) blocks<kBlocks>(xp, rows, pairs, wp, g * kBlocks, bp, yp, width);
-  });
-  for (int64_t i = groups * kBlocks; i < n_blocks; ++i) blocks<1>(xp, rows, pairs, wp, i, bp, yp, width);
+  switch (prefetch_for_rows[std::min(rows, kMaxRows)]) {
+    case kNear: all_blocks<kNear>(xp, rows, pairs, wp, n_blocks, bp, yp, width); break;
+    case kAhead: all_blocks<kAhead>(xp, rows, pairs, wp, n_blocks, bp, yp, width); break;
+    default: all_blocks<kNone>(xp, rows, pairs, wp, n_blocks, bp, yp, width);
+  }
   if (width != out_features) y = y.narrow(1, 0, out_features).contiguous();
   auto sizes = input.sizes().vec();
   sizes.back() = out_features;
@@ -200,11 +227,21 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Ten
   return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
 }
 
+// modes[i]: the Prefetch of `linear` on i rows (i >= 1; the last entry stands for every larger number too)
+void set_prefetch(at::IntArrayRef modes) {
+  TORCH_CHECK(modes.size() >= 2, "multispec_dpbf16::set_prefetch: give a mode for 1 row at least");
+  for (const int64_t mode : modes)
+    TORCH_CHECK(mode == kNone || mode == kNear || mode == kAhead, "multispec_dpbf16::set_prefetch: no mode ", mode);
+  for (int64_t rows = 0; rows <= kMaxRows; ++rows)
+    prefetch_for_rows[rows] = static_cast<int8_t>(modes[std::min<int64_t>(rows, modes.size() - 1)]);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("attend(Tensor query, Tensor keys, Tensor values, Tensor mask, int dv, float scaling) -> Tensor");
+  m.def("set_prefetch(int[] modes) -> ()", &set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {

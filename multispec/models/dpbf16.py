@@ -13,6 +13,7 @@ it, on weights packed for it and registered as buffers, so that an export takes 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import types
@@ -53,8 +54,7 @@ def _load() -> str | None:
     except RuntimeError:
         return "ninja is not installed (pip install ninja)"
 
-    source = SOURCE.read_bytes()
-    digest = hashlib.blake2b(source + " ".join(FLAGS).encode() + torch.__version__.encode(), digest_size=6).hexdigest()
+    digest = _digest()
     build = _store_path().with_name("kernels") / f"dpbf16-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     try:
@@ -65,7 +65,89 @@ def _load() -> str | None:
         return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     torch.library.register_fake("multispec_dpbf16::linear")(_shape)
     torch.library.register_fake("multispec_dpbf16::attend")(_attended)
+    set_prefetch(_calibrated_prefetch(digest))
     return None
+
+
+# The kernel's software prefetch of weights (`dpbf16.cpp`, `Prefetch`): none, the line 32 pairs further along
+# the same block, or the line at the same place in the thread's next group of blocks. It changes no result, only
+# how well memory and arithmetic overlap, which depends on the CPU: each machine measures its own (`calibrate`).
+PREFETCHES = ("none", "near", "ahead")
+CALIBRATION_ROWS = (1, 2, 3, 4, 8, 16, 32, 64)
+PREFETCH_MARGIN = 0.03  # a prefetch is kept only where it ran at least this much faster than none
+
+
+def set_prefetch(modes: dict[int, str]) -> None:
+    """The prefetch of `linear` by number of rows: {rows: mode}; a row count takes the mode of the largest
+    given count at or below it (and 1 row's below 1)."""
+    if not modes:
+        raise ValueError("dpbf16.set_prefetch: no modes")
+    unknown = sorted(set(modes.values()) - set(PREFETCHES))
+    if unknown:
+        raise ValueError(f"dpbf16.set_prefetch: unknown modes {unknown}; modes are {', '.join(PREFETCHES)}")
+    counts = sorted(modes)
+    table = [PREFETCHES.index(modes[max([c for c in counts if c <= rows] or counts[:1])]) for rows in range(65)]
+    torch.ops.multispec_dpbf16.set_prefetch(table)
+
+
+def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, repeats: int = 5) -> dict:
+    """Times `linear` in each prefetch mode over `megabytes` of weights (several times the caches, as a model's
+    step streams them) at each row count, interleaved: {"ms": {rows: {mode: median}}, "modes": {rows: mode}}."""
+    import statistics
+    import time
+
+    shapes = ((3072, 576), (576, 1536))  # a decoder layer's widest maps: wide and deep blocks, both alignments
+    per_pair = sum(n * k * 2 for n, k in shapes)
+    weights = [(torch.full((n // COLUMNS, k // 2, COLUMNS, 2), 0.01, dtype=torch.bfloat16), n, k)
+               for _ in range(max(1, megabytes * 2**20 // per_pair)) for n, k in shapes]
+    ms: dict[int, dict[str, float]] = {}
+    try:
+        for count in rows:
+            inputs = {k: torch.full((count, k), 0.5, dtype=torch.bfloat16) for _, k in shapes}
+            times: dict[str, list[float]] = {mode: [] for mode in PREFETCHES}
+            for repeat in range(repeats + 1):
+                for mode in PREFETCHES[repeat % 3:] + PREFETCHES[: repeat % 3]:
+                    set_prefetch({1: mode})
+                    t0 = time.perf_counter()
+                    for packed, n, k in weights:
+                        linear(inputs[k], packed, None, n)
+                    if repeat:  # the first pass of each mode warms up
+                        times[mode].append(time.perf_counter() - t0)
+            ms[count] = {mode: round(1e3 * statistics.median(t), 3) for mode, t in times.items()}
+    finally:
+        set_prefetch({1: "none"})
+    modes = {}
+    for count, by_mode in ms.items():
+        best = min(by_mode, key=by_mode.get)
+        modes[count] = best if by_mode[best] < (1 - PREFETCH_MARGIN) * by_mode["none"] else "none"
+    return {"ms": ms, "modes": modes}
+
+
+def _calibrated_prefetch(digest: str) -> dict[int, str]:
+    """This machine's prefetch modes for the kernel built as `digest`: measured once, kept in the kernel store."""
+    import time
+
+    from . import cost
+
+    store = cost._store_path().with_name("compiled_kernels.json")
+    key = f"dpbf16 prefetch|{digest}|threads={torch.get_num_threads()}|isa={cost.instruction_sets()}"
+    entry = cost.read_store(store).get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("modes"), dict):
+        modes = {int(rows): mode for rows, mode in entry["modes"].items()}
+        if modes and set(modes.values()) <= set(PREFETCHES):
+            return modes
+    t0 = time.perf_counter()
+    entry = calibrate()
+    cost.calibration_seconds += time.perf_counter() - t0
+    cost.write_store_entry(store, key, entry)
+    return entry["modes"]
+
+
+@functools.cache
+def _digest() -> str:
+    """The build's name: the source, its flags and torch's version."""
+    return hashlib.blake2b(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode(),
+                           digest_size=6).hexdigest()
 
 
 def _attended(query, keys, values, mask, dv, scaling):
