@@ -16,6 +16,8 @@ import contextlib
 import functools
 import hashlib
 import os
+import statistics
+import time
 import types
 from pathlib import Path
 
@@ -93,9 +95,6 @@ def set_prefetch(modes: dict[int, str]) -> None:
 def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, repeats: int = 5) -> dict:
     """Times `linear` in each prefetch mode over `megabytes` of weights (several times the caches, as a model's
     step streams them) at each row count, interleaved: {"ms": {rows: {mode: median}}, "modes": {rows: mode}}."""
-    import statistics
-    import time
-
     shapes = ((3072, 576), (576, 1536))  # a decoder layer's widest maps: wide and deep blocks, both alignments
     per_pair = sum(n * k * 2 for n, k in shapes)
     weights = [(torch.full((n // COLUMNS, k // 2, COLUMNS, 2), 0.01, dtype=torch.bfloat16), n, k)
@@ -106,7 +105,8 @@ def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, re
             inputs = {k: torch.full((count, k), 0.5, dtype=torch.bfloat16) for _, k in shapes}
             times: dict[str, list[float]] = {mode: [] for mode in PREFETCHES}
             for repeat in range(repeats + 1):
-                for mode in PREFETCHES[repeat % 3:] + PREFETCHES[: repeat % 3]:
+                first = repeat % len(PREFETCHES)  # each mode leads in turn
+                for mode in PREFETCHES[first:] + PREFETCHES[:first]:
                     set_prefetch({1: mode})
                     t0 = time.perf_counter()
                     for packed, n, k in weights:
@@ -125,12 +125,12 @@ def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, re
 
 def _calibrated_prefetch(digest: str) -> dict[int, str]:
     """This machine's prefetch modes for the kernel built as `digest`: measured once, kept in the kernel store."""
-    import time
-
     from . import cost
+    from .hf import _kernel_store
 
-    store = cost._store_path().with_name("compiled_kernels.json")
-    key = f"dpbf16 prefetch|{digest}|threads={torch.get_num_threads()}|isa={cost.instruction_sets()}"
+    store = _kernel_store()
+    key = (f"dpbf16 prefetch|{digest}|{cost.describe_device('cpu')}|threads={torch.get_num_threads()}|"
+           f"isa={cost.instruction_sets()}")
     entry = cost.read_store(store).get(key)
     if isinstance(entry, dict) and isinstance(entry.get("modes"), dict):
         modes = {int(rows): mode for rows, mode in entry["modes"].items()}
