@@ -123,6 +123,7 @@ def run(args) -> None:
                        "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
                        "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
                        "other_seconds": st["other_seconds"], "prefill_seconds": st.get("prefill_seconds"),
+                       "draft_prefill_seconds": st.get("draft_prefill_seconds"),
                        "compiles": st.get("compiles"), "compiled": args.compile, **extra}
                 with rows_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -153,7 +154,8 @@ def summarise(args) -> None:
                 "optimal | predicted k-config | predicted optimal |", "|---|---|---|---|---|---|---|---|"]
     pred_lines = ["## The tuned plan: predicted (on the tune half) against measured (held-out half)", "",
                   "| combo | plan | predicted tokens/s | measured on tune half | measured held out | held out / "
-                  "predicted |", "|---|---|---|---|---|---|"]
+                  "predicted | new tokens: expected / held out | decoding only (prompt's forward apart): held out / "
+                  "predicted |", "|---|---|---|---|---|---|---|---|"]
     for combo in combos_seen:
         cells, vals = [], {}
         for m in methods:
@@ -185,9 +187,19 @@ def summarise(args) -> None:
             measured = tps(by[(combo, "plan")])
             label = plan["method"] + (":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
                                       if plan["params"] else "")
+            rs = by[(combo, "plan")]
+            row = plan["evidence"].get("chosen")  # plans since session 52
+            lengths = decoding = "-"
+            if row is not None and all(r.get("draft_prefill_seconds", 0) is not None for r in rs):
+                new = sum(r["new_tokens"] for r in rs)
+                lengths = f"{row['expected_new_tokens']:.0f} / {new / len(rs):.0f}"
+                seconds = sum(r["seconds"] - r["prefill_seconds"] - (r.get("draft_prefill_seconds") or 0)
+                              for r in rs)
+                predicted = row["predicted_tokens_per_call"] / row["predicted_seconds_per_iteration"]
+                decoding = f"{new / seconds / predicted:.2f}"
             pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
                               f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
-                              f"{measured / plan['predicted_tokens_per_second']:.2f} |")
+                              f"{measured / plan['predicted_tokens_per_second']:.2f} | {lengths} | {decoding} |")
     split = ["## Where the time goes (every combo pooled, per target call; the prompt's forward apart)", "",
              "| method | block efficiency | target ms/call | draft ms/call | other ms/call | prefill ms/prompt |",
              "|---|---|---|---|---|---|"]

@@ -6,8 +6,10 @@
              (fitted as a + b * nodes from the two shapes), and how much the forwards of trees and of chains
              cost against the curve (a tree's forward goes through an explicit mask); one `mcsd` run on a
              one-node chain gives, with the 4-draft chain on the same prompt, a chain's own work line (a
-             chain skips a tree's masks and bookkeeping); one `ar` run gives its own per-step figures, and
-             `sd` runs of two lengths, on the chain probes' prompts, its chains' (sd runs them another way).
+             chain skips a tree's masks and bookkeeping); `ar` runs on a few prompts give its own per-step
+             figures, and `sd` runs of two lengths, on the chain probes' prompts, its chains' (sd runs them
+             another way). Every run's length goes into the expected output length, over which the
+             prompt's forward is spread.
 3. predict:  every candidate plan - `ar`, `sd` chains, the MCSD paper's k-configs, optimal trees of several
              sizes, `tree=auto` - gets expected tokens per target call and seconds per iteration, hence
              predicted tokens/s.
@@ -52,6 +54,8 @@ PAPER_K_CONFIGS = ("2x1x1", "2x2x1", "4x1x1", "4x2x1", "8x1", "4x4", "8x2", "4x2
 OPTIMAL_SIZES = (4, 8, 16, 32, 64)
 PROBE_RATES = (0.7, 0.4, 0.3, 0.25, 0.2, 0.2, 0.2, 0.2)  # only shapes the probe tree: wide near the top
 PROBE_NODES, PROBE_DEPTH, PROBE_CHAIN = 48, 8, 4
+AR_PROMPTS = 3  # ar runs that price ar
+WARM_UP_TOKENS = 8
 
 
 def probe_tree() -> TokenTree:
@@ -67,18 +71,22 @@ class Candidate:
     tree: TokenTree | None  # the drafted shape (None: ar)
     tokens: float  # predicted tokens per target call
     seconds: float  # predicted seconds per iteration
-    prefill: float = 0.0  # predicted seconds of the prompt's forward, per new token
+    prefill: float = 0.0  # predicted seconds of the prompt's forwards (target and draft), once per generation
+    new_tokens: float = 1.0  # expected new tokens per generation, over which the prefill is spread
     measured_tokens_per_second: float | None = None
     measured_block_efficiency: float | None = None
 
     @property
     def predicted_tokens_per_second(self) -> float:
-        return 1.0 / (self.seconds / self.tokens + self.prefill)
+        return 1.0 / (self.seconds / self.tokens + self.prefill / max(1.0, self.new_tokens))
 
     def row(self) -> dict:
         return {"plan": self.label, "tree": self.tree.describe() if self.tree is not None and self.tree.size else "-",
                 "predicted_tokens_per_call": round(self.tokens, 3),
                 "predicted_tokens_per_second": round(self.predicted_tokens_per_second, 2),
+                # the parts: an iteration's seconds, and the prompt's forwards spread over the expected output
+                "predicted_seconds_per_iteration": round(self.seconds, 6),
+                "predicted_prefill_seconds": round(self.prefill, 5), "expected_new_tokens": round(self.new_tokens, 1),
                 "measured_tokens_per_second": _round(self.measured_tokens_per_second),
                 "measured_block_efficiency": _round(self.measured_block_efficiency)}
 
@@ -135,6 +143,13 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
 
     say(f"probing acceptance by sibling rank on {len(prompts)} prompts ...")
     wide = probe_tree()
+    # first calls pay for lazy initialisation (a step's package loaded, its kernels' first run): ar's first run
+    # after the probes took 11.1 ms a step against 8.0 on the same prompt later. Every kind the probe times
+    # runs a few tokens first, untimed, as the bench's warm-up does
+    _warm_up(target, draft, prompts[0], [("ar", {}), ("sd", {"gamma": PROBE_CHAIN, "drafter": "model"}),
+                                         ("sd", {"gamma": 1, "drafter": "model"})]
+             + [("mcsd", {"tree": shape, "replacement": replacement})
+                for shape in (wide, TokenTree.chain(PROBE_CHAIN), TokenTree.chain(1))], settings)
     prompt_tokens = [len(target.encode(p.text, chat=chat)) if isinstance(p.text, str) else len(p.text)
                      for p in prompts]
     ranks, runs = RankAcceptance(), []
@@ -152,8 +167,11 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                  settings)[0]
     chain_overhead = _fit_overhead([(st["draft_nodes"] / st["iterations"], st["other_seconds"] / st["iterations"])
                                     for st in (short, runs[1][1]) if st["iterations"]])
-    plain = _run(target, draft, prompts[:1], "ar", {}, settings)[0]  # ar's own per-step work
-    ar_overhead = plain["other_seconds"] / max(1, plain["target_calls"])
+    # ar's own per-step work and forward factor, pooled over a few prompts: one prompt's run (about a second)
+    # caught the host's speed of that moment, and its factor ranged over 0.78-1.20 between categories
+    ar_prompts = list(range(min(AR_PROMPTS, len(prompts))))
+    plain_runs = _run(target, draft, [prompts[i] for i in ar_prompts], "ar", {}, settings)
+    ar_overhead = sum(st["other_seconds"] for st in plain_runs) / max(1, sum(st["target_calls"] for st in plain_runs))
     # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
     # per-iteration work line and forward factors, from sd runs on the chain probes' prompts at two lengths
     # (mcsd's chain probes overstated them; one run's factor swung by a fifth from prompt to prompt at T = 1)
@@ -168,14 +186,26 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     if len({shape.size for shape, _, _ in sd_runs}) < 2:  # one length only (two prompts): mcsd's slope
         sd_per_node = overhead[1]
         sd_base = max(0.0, sd_base - sd_per_node * PROBE_CHAIN)
-    lengths = [st["new_tokens"] for _, st, _ in runs]
-    context = int(np.mean(prompt_tokens) + np.mean(lengths) / 2)
-    # the prompt's forwards (prefill, measured in the probe runs) are paid once per generation: spread over
-    # its new tokens
-    prefill = (sum(st["prefill_seconds"] + st["draft_prefill_seconds"] for _, st, _ in runs)
-               / max(1.0, float(sum(lengths))))
+    # the expected length of an output is the target's (every method here samples its law, or its greedy
+    # path): pooled over every run so far. At T = 1 one run's length is a coin toss (8 to 128 tokens on the same
+    # prompt), and the prompt's forward is spread over it: the probe runs alone put rag's prefill at 1.5x its
+    # share
+    all_runs = ([(st, prompt_tokens[i]) for i, (_, st, _) in enumerate(runs)] + [(short, prompt_tokens[1])]
+                + [(st, prompt_tokens[i]) for i, st in zip(ar_prompts, plain_runs, strict=True)]
+                + [(st, n) for _, st, n in sd_runs])
+    new_tokens = float(np.mean([st["new_tokens"] for st, _ in all_runs]))
+    mean_prompt = float(np.mean(prompt_tokens))
+    context = int(mean_prompt + new_tokens / 2)
+    # the prompt's forwards are paid once per generation; each kind's own (a tree's holds its first tree, ar
+    # feeds no draft), per prompt token over its runs, at the prompts' mean length
+    prefill = _prefill_seconds([(st, n) for _, st, n in runs], mean_prompt)
+    sd_prefill = _prefill_seconds([(st, n) for _, st, n in sd_runs], mean_prompt)
+    ar_prefill = _prefill_seconds([(st, prompt_tokens[i]) for i, st in zip(ar_prompts, plain_runs, strict=True)],
+                                  mean_prompt)
     factors = _forward_factors(runs, target_cost, draft_cost, tree_cost)
-    ar_factor = _forward_factors([(TokenTree.chain(0), plain, prompt_tokens[0])], target_cost, draft_cost)["chain"][0]
+    ar_factor = _forward_factors([(TokenTree.chain(0), st, prompt_tokens[i])
+                                  for i, st in zip(ar_prompts, plain_runs, strict=True)],
+                                 target_cost, draft_cost)["chain"][0]
 
     rates = ranks.rates(AUTO_MAX_DEPTH)
     reach = reach_of(rates)
@@ -192,25 +222,23 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         return iteration_seconds(tuple(chain.widths()), target_cost.scaled(sd_factors[0]),
                                  draft_cost.scaled(sd_factors[1]), context, sd_base + sd_per_node * chain.size)
 
-    # ar feeds no draft its prompt
-    ar_prefill = sum(st["prefill_seconds"] for _, st, _ in runs) / max(1.0, float(sum(lengths)))
     candidates = [Candidate("ar", "ar", {}, None, 1.0, ar_factor * target_cost(1, context) + ar_overhead,
-                            ar_prefill)]
+                            ar_prefill, new_tokens)]
     for g in range(1, 9):
         chain = TokenTree.chain(g)
         candidates.append(Candidate(f"sd:gamma={g},drafter=model", "sd", {"gamma": g, "drafter": "model"}, chain,
-                                    tree_value(chain, reach), sd_seconds(chain), prefill))
+                                    tree_value(chain, reach), sd_seconds(chain), sd_prefill, new_tokens))
     for k in PAPER_K_CONFIGS:
         tree = TokenTree.from_branching([int(x) for x in k.split("x")])
         candidates.append(Candidate(f"mcsd:k_config={k},replacement=false", "mcsd",
                                     {"k_config": k, "replacement": replacement}, tree, tree_value(tree, reach),
-                                    seconds(tree), prefill))
+                                    seconds(tree), prefill, new_tokens))
     for n in OPTIMAL_SIZES:
         best = max((table.tree(n, d) for d in range(1, AUTO_MAX_DEPTH + 1) if np.isfinite(table.value(n, d))),
                    key=lambda t: tree_value(t, reach) / seconds(t))
         candidates.append(Candidate(f"mcsd, optimal tree of {n} nodes", "mcsd",
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
-                                    seconds(best), prefill))
+                                    seconds(best), prefill, new_tokens))
     choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
                           context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
                           chain_cost=target_cost.scaled(factors["chain"][0]),
@@ -220,7 +248,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
                                     {"tree": fastest, "replacement": replacement}, fastest,
-                                    tree_value(fastest, reach), seconds(fastest), prefill))
+                                    tree_value(fastest, reach), seconds(fastest), prefill, new_tokens))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
     # tree=auto is offered without the measured factors and with a plain step's and a chain's work taken as a
     # tree iteration's (overhead A/B/A). Held out, that controller was as fast as or faster than the one given
@@ -239,8 +267,8 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                 {"tree": "auto", "acceptance": prior, "overhead": work,
                                  "replacement": replacement}, auto_tree,
                                 auto_tokens, auto_seconds + _search_seconds(table, target_cost, draft_cost, context,
-                                                                           max_new_tokens / auto_tokens),
-                                prefill))
+                                                                           new_tokens / auto_tokens),
+                                prefill, new_tokens))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
     # the best few, and always ar and the best chain: a plan is then never a tree that measured slower on
@@ -249,6 +277,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     to_measure = ranked[:measure] + [c for c in (best_chain, candidates[0]) if c not in ranked[:measure]]
     for c in to_measure:
         say(f"measuring {c.label} (predicted {c.predicted_tokens_per_second:.1f} tokens/s) ...")
+    _warm_up(target, draft, prompts[0], [(c.method, c.params) for c in to_measure], settings)
     # prompt by prompt, every candidate on each: a drift of the host's speed (15 % between two runs of the same
     # tokens minutes apart) then falls on all candidates alike, not on whichever ran during it
     stats: list[list[dict]] = [[] for _ in to_measure]
@@ -265,6 +294,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                  "ar": ar_factor},
              "sd_chains": [shape.size for shape, _, _ in sd_runs], "sd_overhead_seconds": [sd_base, sd_per_node],
              "chain_overhead_seconds": list(chain_overhead),
+             "ar_prompts": len(ar_prompts),
+             "expected_new_tokens": {"mean": new_tokens, "runs": len(all_runs)},
+             "prefill_seconds": {"ar": ar_prefill, "sd": sd_prefill, "mcsd": prefill},
              "bucket_route": routes}
     return TuneResult(ranked, chosen, ranks, overhead, ar_overhead, context, settings, probe)
 
@@ -293,6 +325,20 @@ def _forward_factors(runs, target_cost: ForwardCost, draft_cost: ForwardCost,
         out[kind] = tuple(float(np.clip(m / p, 0.5, 3.0)) if p > 0 and m > 0 else 1.0
                           for m, p in ((t_meas, t_pred), (d_meas, d_pred)))
     return out
+
+
+def _warm_up(target, draft, prompt: Prompt, methods: list[tuple[str, dict]], settings: dict) -> None:
+    """A few tokens of each method on `prompt`, untimed."""
+    short = dict(settings, max_new_tokens=min(WARM_UP_TOKENS, settings["max_new_tokens"]))
+    for method, params in methods:
+        _run(target, draft, [prompt], method, params, short)
+
+
+def _prefill_seconds(runs: list[tuple[dict, int]], prompt_tokens: float) -> float:
+    """Seconds of the prompt's forwards (target and draft) for a prompt of `prompt_tokens`, pro rata from
+    (stats, prompt tokens) runs."""
+    seconds = sum(st["prefill_seconds"] + (st.get("draft_prefill_seconds") or 0.0) for st, _ in runs)
+    return seconds / max(1, sum(n for _, n in runs)) * prompt_tokens
 
 
 def _fit_overhead(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -346,6 +392,7 @@ def write_plan(result: TuneResult, path: str | Path, models: dict) -> Path:
             "overhead_seconds": {"per_iteration": result.overhead[0], "per_node": result.overhead[1],
                                  "ar_per_step": result.ar_overhead},
             "rank_acceptance": result.ranks.as_dict(),
+            "chosen": c.row(),
             "candidates": [c.row() for c in result.candidates],
             "probe": result.probe,
         },

@@ -393,6 +393,12 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert len(chain) == 2 and chain[0] >= 0 and chain[1] >= 0
     # sd's own line from sd runs of two lengths on the chain probes' prompts (1 and 3)
     assert result.probe["sd_chains"] == [4, 1] and min(result.probe["sd_overhead_seconds"]) >= 0
+    # ar is priced from runs on three prompts; the output length pools every run before the measurements (4
+    # probes, the one-node chain, 3 ar runs, 2 sd runs), and every candidate spreads its prefill over it
+    assert result.probe["ar_prompts"] == 3 and result.probe["expected_new_tokens"]["runs"] == 10
+    assert 0 < result.probe["expected_new_tokens"]["mean"] <= 12
+    assert {c.new_tokens for c in result.candidates} == {result.probe["expected_new_tokens"]["mean"]}
+    assert all(v > 0 for v in result.probe["prefill_seconds"].values())
     path = write_plan(result, tmp_path / "plan.json", {"target": target.name, "draft": draft.name})
     plan = load_plan(path)
     assert plan.data["evidence"]["candidates"] and plan.spec.startswith(result.chosen.method)
@@ -427,6 +433,16 @@ def test_tune_prices_tree_auto_as_plain_steps_when_its_choice_is_no_drafting(mon
     # priced as ar's steps, and the search spread over its calls
     assert auto.seconds == pytest.approx(plain.seconds + 0.002)
     assert not any(c.label == "mcsd, the fastest optimal tree" for c in result.candidates)
+
+
+def test_a_candidate_spreads_its_prefill_over_the_expected_output():
+    from multispec.tune import Candidate
+
+    # 2 tokens per 10 ms iteration, 0.5 s of prompt over 100 new tokens: 5 ms + 5 ms a token
+    c = Candidate("x", "sd", {}, None, tokens=2.0, seconds=0.010, prefill=0.5, new_tokens=100)
+    assert c.predicted_tokens_per_second == pytest.approx(100.0)
+    # a shorter expected output carries more of the prompt's forward per token
+    assert Candidate("x", "sd", {}, None, 2.0, 0.010, 0.5, 50).predicted_tokens_per_second == pytest.approx(1 / 0.015)
 
 
 def test_stats_hold_the_prompts_forward_apart():
