@@ -590,7 +590,8 @@ def cmd_tune(args) -> int:
     c = result.chosen
     print(f"\nplan: {c.label}" + (f" ({c.tree.describe()})" if c.tree is not None and c.tree.size else "")
           + f": measured {c.measured_tokens_per_second:.1f} tokens/s, predicted "
-          f"{c.predicted_tokens_per_second:.1f}")
+          f"{c.predicted_tokens_per_second:.1f} ({c.seconds * 1e3:.2f} ms an iteration for {c.tokens:.2f} tokens, "
+          f"and {c.prefill:.2f} s of prompt forwards over {c.new_tokens:.0f} expected new tokens)")
     print(f"wrote {path}; use it with: multispec generate --plan {path} \"PROMPT\"  or  multispec bench --plan {path}")
     return 0
 
