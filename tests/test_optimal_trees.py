@@ -294,6 +294,36 @@ def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, para
     assert report.passed, report.pairs
 
 
+def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monkeypatch):
+    from multispec.drafting.model import DraftChain
+    from multispec.drafting.shape import AutoTree
+
+    def chain_of_two(self, context, pending, room):  # every search picks a two-node chain
+        self.searches += 1
+        self._use(TokenTree.chain(min(2, room)))
+
+    monkeypatch.setattr(AutoTree, "search", chain_of_two)
+    original, used = DraftChain.propose, []
+
+    def counted(self, context, shape):
+        used.append(len(shape))
+        return original(self, context, shape)
+
+    monkeypatch.setattr(DraftChain, "propose", counted)
+    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto")
+    assert report.passed, report.pairs
+    assert used and set(used) <= {1, 2}
+
+    def wrong(self, context, shape):  # known wrong: the rows the rule reads are not the law the draws came from
+        proposal = original(self, context, shape)
+        rows = proposal.draft_probs
+        proposal.draft_rows = torch.full_like(rows, 1.0 / rows.shape[-1])
+        return proposal
+
+    monkeypatch.setattr(DraftChain, "propose", wrong)
+    assert not check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto").passed
+
+
 def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irregular_file, monkeypatch):
     monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: recursive_rejection)
     report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5,

@@ -160,7 +160,7 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
                     tree_cost=forward_cost(s.target_model, masked=True),
                     overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,
-                    one_time=s.one_time_seconds)
+                    one_time=s.one_time_seconds, chain=make_drafter("model", s, tree=False))
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
 

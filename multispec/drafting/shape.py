@@ -57,7 +57,8 @@ class AutoTree(Drafter):
     """Wraps a `DraftTree`: each iteration proposes the current best tree (see module note), searched again
     when the room left is shallower than it.
     `ranks()` gives the call's acceptance record for this drafter (the session's), `pending(context)` the
-    tokens the target has not cached; `target_cost` is the causal forward's curve (plain steps and chains),
+    tokens the target has not cached; `chain`, a `DraftChain` on the same draft runner, proposes the chains it
+    picks; `target_cost` is the causal forward's curve (plain steps and chains),
     `tree_cost` a tree's (default the causal); `overhead` the work besides forwards in seconds: a tree
     iteration's (per iteration, per node), a plain step's, and a chain's (per iteration, per node; default the
     tree's); `factors` scale the curves by kind (`Factors`).
@@ -72,8 +73,13 @@ class AutoTree(Drafter):
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
                  tree_cost: ForwardCost | None = None,
                  overhead: tuple[float, ...] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
-                 factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0):
+                 factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0,
+                 chain: Drafter | None = None):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
+        # the chains it picks go through a chain proposer where given (on the same draft runner): the same
+        # draws' law with a fifth of the tree proposer's work; `accept` goes to whichever proposed
+        self.chain = chain
+        self._proposer: Drafter = drafter
         self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
         self.tree_cost = tree_cost or target_cost
@@ -181,10 +187,17 @@ class AutoTree(Drafter):
             target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(pending + tree.size,
                                                                                         len(context))
             self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted, kind)
-        return self.drafter.propose(context, tree) if tree.size else self.drafter.setup.empty()
+        if not tree.size:
+            self._proposer = self.drafter
+            return self.drafter.setup.empty()
+        if self.chain is not None and tree.is_chain:
+            self._proposer = self.chain
+            return self.chain.propose(context, self._widths)
+        self._proposer = self.drafter
+        return self.drafter.propose(context, tree)
 
     def accept(self, verdict: Verdict) -> None:
-        self.drafter.accept(verdict)
+        self._proposer.accept(verdict)
 
     def report(self, tokens: int) -> dict:
         seconds = time.perf_counter() - self._start[0] - (self.one_time() - self._start[2]) if self._start else 0.0
