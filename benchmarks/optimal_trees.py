@@ -190,11 +190,10 @@ def summarise(args) -> None:
             rs = by[(combo, "plan")]
             row = plan["evidence"].get("chosen")  # plans since session 52
             lengths = decoding = "-"
-            if row is not None and all(r.get("draft_prefill_seconds", 0) is not None for r in rs):
+            if row is not None:  # its rows hold the draft's prompt forward too
                 new = sum(r["new_tokens"] for r in rs)
                 lengths = f"{row['expected_new_tokens']:.0f} / {new / len(rs):.0f}"
-                seconds = sum(r["seconds"] - r["prefill_seconds"] - (r.get("draft_prefill_seconds") or 0)
-                              for r in rs)
+                seconds = sum(r["seconds"] - r["prefill_seconds"] - (r["draft_prefill_seconds"] or 0.0) for r in rs)
                 predicted = row["predicted_tokens_per_call"] / row["predicted_seconds_per_iteration"]
                 decoding = f"{new / seconds / predicted:.2f}"
             pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "

@@ -169,9 +169,11 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     for st in (short, runs[1][1]) if st["iterations"]])
     # ar's own per-step work and forward factor, pooled over a few prompts: one prompt's run (about a second)
     # caught the host's speed of that moment, and its factor ranged over 0.78-1.20 between categories
-    ar_prompts = list(range(min(AR_PROMPTS, len(prompts))))
-    plain_runs = _run(target, draft, [prompts[i] for i in ar_prompts], "ar", {}, settings)
-    ar_overhead = sum(st["other_seconds"] for st in plain_runs) / max(1, sum(st["target_calls"] for st in plain_runs))
+    ar_prompts = prompts[:AR_PROMPTS]
+    # (stats, prompt tokens), as the first prompts' tokens
+    plain_runs = list(zip(_run(target, draft, ar_prompts, "ar", {}, settings), prompt_tokens, strict=False))
+    ar_overhead = (sum(st["other_seconds"] for st, _ in plain_runs)
+                   / max(1, sum(st["target_calls"] for st, _ in plain_runs)))
     # sd runs chains another way than mcsd (causal forwards, the chain rule, no tree bookkeeping): its own
     # per-iteration work line and forward factors, from sd runs on the chain probes' prompts at two lengths
     # (mcsd's chain probes overstated them; one run's factor swung by a fifth from prompt to prompt at T = 1)
@@ -190,8 +192,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # path): pooled over every run so far. At T = 1 one run's length is a coin toss (8 to 128 tokens on the same
     # prompt), and the prompt's forward is spread over it: the probe runs alone put rag's prefill at 1.5x its
     # share
-    all_runs = ([(st, prompt_tokens[i]) for i, (_, st, _) in enumerate(runs)] + [(short, prompt_tokens[1])]
-                + [(st, prompt_tokens[i]) for i, st in zip(ar_prompts, plain_runs, strict=True)]
+    all_runs = ([(st, n) for _, st, n in runs] + [(short, prompt_tokens[1])] + plain_runs
                 + [(st, n) for _, st, n in sd_runs])
     new_tokens = float(np.mean([st["new_tokens"] for st, _ in all_runs]))
     mean_prompt = float(np.mean(prompt_tokens))
@@ -200,12 +201,10 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     # feeds no draft), per prompt token over its runs, at the prompts' mean length
     prefill = _prefill_seconds([(st, n) for _, st, n in runs], mean_prompt)
     sd_prefill = _prefill_seconds([(st, n) for _, st, n in sd_runs], mean_prompt)
-    ar_prefill = _prefill_seconds([(st, prompt_tokens[i]) for i, st in zip(ar_prompts, plain_runs, strict=True)],
-                                  mean_prompt)
+    ar_prefill = _prefill_seconds(plain_runs, mean_prompt)
     factors = _forward_factors(runs, target_cost, draft_cost, tree_cost)
-    ar_factor = _forward_factors([(TokenTree.chain(0), st, prompt_tokens[i])
-                                  for i, st in zip(ar_prompts, plain_runs, strict=True)],
-                                 target_cost, draft_cost)["chain"][0]
+    ar_factor = _forward_factors([(TokenTree.chain(0), st, n) for st, n in plain_runs], target_cost,
+                                 draft_cost)["chain"][0]
 
     rates = ranks.rates(AUTO_MAX_DEPTH)
     reach = reach_of(rates)

@@ -465,6 +465,40 @@ def test_tune_prices_tree_auto_as_plain_steps_when_its_choice_is_no_drafting(mon
     assert not any(c.label == "mcsd, the fastest optimal tree" for c in result.candidates)
 
 
+def test_tune_warms_each_kind_up_before_it_times_it(monkeypatch):
+    # a kind's first run in a process paid for its step's first use (11.1 ms a step against 8.0 later) and priced
+    # ar: every kind tune times runs a few tokens untimed first, the probe's kinds before the probe and the
+    # measured candidates before their measurements
+    import multispec.tune
+    from multispec.bench import Prompt
+    from tests.conftest import tiny_llama
+
+    calls, original = [], multispec.tune._run
+
+    def recorded(target, draft, prompts, method, params, settings, first=0):
+        calls.append((method, params.get("gamma"), str(params.get("tree")), settings["max_new_tokens"]))
+        return original(target, draft, prompts, method, params, settings, first)
+
+    monkeypatch.setattr(multispec.tune, "_run", recorded)
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
+    prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(2)]
+    result = multispec.tune.tune(target, draft, prompts, temperature=0.0, max_new_tokens=12, measure=1)
+    short = multispec.tune.WARM_UP_TOKENS
+    timed = [c for c in calls if c[3] == 12]
+    assert timed and all(c[3] in (short, 12) for c in calls)
+    first_timed = calls.index(timed[0])
+    warmed_first = {c[:3] for c in calls[:first_timed]}
+    assert all(c[3] == short for c in calls[:first_timed])
+    # the probe's kinds: ar, sd chains of 4 and 1, mcsd's wide tree and its chains of 4 and 1
+    assert {("ar", None), ("sd", 4), ("sd", 1)} <= {c[:2] for c in warmed_first}
+    assert sum(c[0] == "mcsd" for c in warmed_first) == 3
+    # every measured candidate ran short once more after the probe and before its measurements
+    measured = [c for c in result.candidates if c.measured_tokens_per_second is not None]
+    measuring = len(measured) * len(prompts)  # the last calls
+    assert all(c[3] == 12 for c in calls[-measuring:])
+    assert all(c[3] == short for c in calls[-measuring - len(measured):-measuring])
+
+
 def test_a_candidate_spreads_its_prefill_over_the_expected_output():
     from multispec.tune import Candidate
 
