@@ -249,25 +249,24 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill, new_tokens))
     prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
-    # tree=auto is offered without the measured factors and with a plain step's and a chain's work taken as a
-    # tree iteration's (overhead A/B/A). Held out, that controller was as fast as or faster than the one given
-    # the factors and ar's work in 11 of 12 comparisons (benchmarks/results/tree-auto-kinds-s39-cpu-2core), and
-    # than the one given ar's work and the chain line in 3 of 4 (tree-auto-chain-s40-cpu-2core): with each
-    # kind's own work it drafts less, and one-node chains pay here by a few per cent at most
-    work = f"{overhead[0] * 1000:.3f}/{overhead[1] * 1000:.4f}/{overhead[0] * 1000:.3f}"
-    auto_choice = fastest_tree(table, tree_cost, draft_cost, context, overhead[0], per_node=overhead[1],
-                               plain_cost=target_cost, chain_cost=target_cost, plain_overhead=overhead[0])
-    auto_tree = table.tree(auto_choice.nodes, auto_choice.depth) if auto_choice.nodes else None
-    # its choice as the controller makes it (or, after its first one-node tries, plain steps), priced as tune
-    # predicts every candidate
+    # tree=auto is offered with every price tune measured: the work besides forwards of a tree iteration, a
+    # plain step and a chain, and the forward factors of each kind. Its choices are then the ones priced here;
+    # with a prior it skips the one-node tries of a call without one, so where no tree pays it runs plain steps
+    # from its first call. (Sessions 39-40's engine favoured a tree's work and no factors, which drafted more;
+    # on the compiled step that controller ran below ar in 10 of 12 combos: optimal-trees-tune-s52-cpu-2core.)
+    work = "/".join(f"{x * 1000:.4f}" for x in (*overhead, ar_overhead, *chain_overhead))
+    scale = "/".join(f"{x:.4f}" for x in (ar_factor, factors["chain"][0], factors["tree"][0], factors["chain"][1],
+                                          factors["tree"][1]))
+    auto_tree = fastest if fastest.size else None
     auto_tokens, auto_seconds = ((tree_value(auto_tree, reach), seconds(auto_tree)) if auto_tree is not None
                                  else (1.0, candidates[0].seconds))
-    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},replacement=false", "mcsd",
-                                {"tree": "auto", "acceptance": prior, "overhead": work,
+    candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},factors={scale},"
+                                "replacement=false", "mcsd",
+                                {"tree": "auto", "acceptance": prior, "overhead": work, "factors": scale,
                                  "replacement": replacement}, auto_tree,
                                 auto_tokens, auto_seconds + _search_seconds(table, target_cost, draft_cost, context,
                                                                            new_tokens / auto_tokens),
-                                prefill, new_tokens))
+                                prefill if auto_tree is not None else ar_prefill, new_tokens))
 
     ranked = sorted(candidates, key=lambda c: -c.predicted_tokens_per_second)
     # the best few, and always ar and the best chain: a plan is then never a tree that measured slower on

@@ -394,6 +394,36 @@ def test_tree_auto_searches_again_only_on_news(monkeypatch):
     assert adapted.stats["tree_searches"] >= scheduled
 
 
+def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_one_node_tries(monkeypatch):
+    # a bucketed curve: a forward over the 40-token prompt costs what one over 64 does, so priced with the prompt
+    # pending, a tree riding on the prompt's forward looks free; a steady step pays 10 ms per extra token
+    import multispec.decoding.tree as tree_module
+    import multispec.drafting.shape as shape_module
+
+    steps = ForwardCost((0.010, 0.020, 0.030, 0.100, 0.100), tokens=(1, 2, 3, 64, 128))
+    monkeypatch.setattr(tree_module, "forward_cost", lambda model, **kwargs: steps)
+    target, draft = random_markov_pair(6, 200, 2)
+    prompt = [i % 6 for i in range(40)]
+    method = "mcsd:tree=auto,acceptance=0.5/0.2,overhead=0/0/0/0/0"
+    run = generate(target, draft, prompt, method=method, max_new_tokens=20, seed=3)
+    # no iteration drafts: a one-node chain gives 1.5 tokens for twice a plain step's cost, and the prior
+    # stands for the one-node tries a call without one makes first
+    assert set(run.stats["trees_used"]) == {"none"} and run.stats["draft_calls"] == 0
+    bare = generate(target, draft, prompt, method="mcsd:tree=auto,overhead=0/0/0/0/0", max_new_tokens=20, seed=3)
+    assert bare.stats["trees_used"].get("1 nodes, depth 1, widths 1", 0) >= 1
+
+    # known wrong: priced with the prompt pending (at the first call every context token is), it drafts a tree
+    # into the prompt's forward
+    original = shape_module.AutoTree.search
+
+    def with_the_prompt_pending(self, context, pending, room):
+        return original(self, context, context if self.calls == 1 else pending, room)
+
+    monkeypatch.setattr(shape_module.AutoTree, "search", with_the_prompt_pending)
+    wrong = generate(target, draft, prompt, method=method, max_new_tokens=20, seed=3)
+    assert wrong.stats["draft_calls"] > 0
+
+
 # -- tune and plan files ------------------------------------------------------------------------
 
 def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
@@ -414,13 +444,16 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert result.ranks.tries[0, 0] > 0 and all(c.predicted_tokens_per_second > 0 for c in result.candidates)
     labels = {c.label.split(":")[0].split(",")[0] for c in result.candidates}
     assert {"ar", "sd", "mcsd"} <= labels and any("tree=auto" in c.label for c in result.candidates)
-    # tree=auto is offered with the measured work, a plain step's and a chain's taken as a tree iteration's (see
-    # tune); the chain's own line is measured and kept in the evidence
+    # tree=auto is offered with every measured price: each kind's work besides forwards (a tree iteration's, a
+    # plain step's, a chain's line, kept in the evidence too) and each kind's forward factors
     auto = next(c for c in result.candidates if "tree=auto" in c.label)
-    work = auto.params["overhead"].split("/")
-    assert work[0] == work[2] == f"{result.overhead[0] * 1000:.3f}" and "factors" not in auto.params
     chain = result.probe["chain_overhead_seconds"]
     assert len(chain) == 2 and chain[0] >= 0 and chain[1] >= 0
+    work = [float(x) / 1000 for x in auto.params["overhead"].split("/")]
+    assert work == pytest.approx([*result.overhead, result.ar_overhead, *chain], abs=1e-7)
+    scaled = result.probe["forward_factors"]
+    assert [float(x) for x in auto.params["factors"].split("/")] == pytest.approx(
+        [scaled["ar"], scaled["chain"][0], scaled["tree"][0], scaled["chain"][1], scaled["tree"][1]], abs=1e-4)
     # sd's own line from sd runs of two lengths on the chain probes' prompts (1 and 3)
     assert result.probe["sd_chains"] == [4, 1] and min(result.probe["sd_overhead_seconds"]) >= 0
     # ar is priced from runs on three prompts; the output length pools every run before the measurements (4

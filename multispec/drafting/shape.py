@@ -22,7 +22,7 @@ from .base import Drafter, Proposal
 from .model import DraftTree
 
 AUTO_MAX_NODES, AUTO_MAX_DEPTH = 64, 12
-EXPLORE = 3  # one-node tries before the record may choose no drafting at all
+EXPLORE = 3  # one-node tries before a record without a prior may choose no drafting at all
 PRIOR_WEIGHT = 20.0  # pseudo-tries behind a prior acceptance vector (from `multispec tune`)
 # seconds of work besides forwards assumed before any is measured: a drafting iteration's, a plain step's
 OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR = 1e-3, 5e-4
@@ -117,7 +117,9 @@ class AutoTree(Drafter):
                                          chain_cost=chain_cost, chain_draft_cost=chain_draft,
                                          plain_overhead=self.plain_overhead,
                                          chain_overhead=(self.chain_overhead, self.chain_per_node))
-        if self.choice.nodes == 0 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
+        # a prior (from tune) stands for the tries; without one a few one-node tries come first
+        if (self.choice.nodes == 0 and self.prior is None
+                and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE):
             seconds = iteration_seconds((1,), chain_cost, chain_draft, context,
                                         self.chain_overhead + self.chain_per_node, pending)
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
@@ -166,7 +168,9 @@ class AutoTree(Drafter):
                         factors[i] = 0.8 * factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
         if self.calls == 2:
             self._start = (now, len(context), self.one_time())
-        pending = self.pending(context)
+        # the first call's uncached tokens are the prompt, whose forward runs whatever the choice (a tree rides
+        # on it): every choice is priced as a steady iteration's, with one token pending
+        pending = min(self.pending(context), 1)
         searched = 0.0
         room = shape_depth(shape)
         if (replans(self.calls) and self._news(len(context))) or self.tree.max_depth > room:
