@@ -21,6 +21,9 @@ CATEGORIES = [("mt-bench", None), ("spec-bench-dev", "translation"), ("spec-benc
               ("spec-bench-dev", "qa"), ("spec-bench-dev", "math_reasoning"), ("spec-bench-dev", "rag")]
 SD_GAMMAS = (1, 2, 4)
 K_CONFIGS = ("8x1", "4x2x2")  # 16 and 28 nodes
+# tree=auto's module constants for --auto-variants: no probes while plain steps are chosen, no drafting margin
+AUTO_VARIANTS = {"probe=0": {"PROBE_EVERY": 10**9}, "margin=0": {"DRAFT_MARGIN": 0.0},
+                 "probe=0,margin=0": {"PROBE_EVERY": 10**9, "DRAFT_MARGIN": 0.0}}
 
 
 def combos(temperatures):
@@ -30,6 +33,7 @@ def combos(temperatures):
 
 
 def run(args) -> None:
+    import multispec.drafting.shape as shape
     from multispec.api import generate, load_pair
     from multispec.bench import load_prompts
     from multispec.bench.runner import hf_generate
@@ -95,6 +99,9 @@ def run(args) -> None:
                 a, b = params["overhead"].split("/")[:2]
                 params["overhead"] = f"{a}/{b}/{a}"
                 methods["mcsd:tree=auto,unscaled"] = ("mcsd:" + ",".join(f"{k}={v}" for k, v in params.items()), {})
+        if args.auto_variants and auto is not None:  # the controller's exploration and margin, switched off
+            for name, constants in AUTO_VARIANTS.items():
+                methods[f"mcsd:tree=auto,{name}"] = (auto, {"_constants": constants})
         methods["plan"] = (plan.spec, {})  # generate reads the spec's parameters
         methods["hf"] = ("hf", {})  # transformers' generate() on the target, as it ships
         if args.methods:
@@ -103,7 +110,8 @@ def run(args) -> None:
         # falls on all methods alike instead of on whichever ran during it
         for i, p in enumerate(held_out):
             for label, (method, params) in methods.items():
-                extra = {k: v for k, v in params.items() if k.startswith("_")}
+                constants = params.get("_constants", {})
+                extra = {k: v for k, v in params.items() if k.startswith("_") and k != "_constants"}
                 params = {k: v for k, v in params.items() if not k.startswith("_")}
                 if (combo, label, p.id) in done:
                     continue
@@ -117,8 +125,16 @@ def run(args) -> None:
                           "block_efficiency": 1.0, "iterations": st["target_calls"], "target_seconds": None,
                           "draft_seconds": None, "other_seconds": None, **st}
                 else:
-                    st = generate(pair.target, pair.draft, p.text, method=method, max_new_tokens=args.max_new_tokens,
-                                  temperature=t, seed=i, score=False, **params).stats
+                    saved = {name: getattr(shape, name) for name in constants}
+                    for name, value in constants.items():
+                        setattr(shape, name, value)
+                    try:
+                        st = generate(pair.target, pair.draft, p.text, method=method,
+                                      max_new_tokens=args.max_new_tokens, temperature=t, seed=i, score=False,
+                                      **params).stats
+                    finally:
+                        for name, value in saved.items():
+                            setattr(shape, name, value)
                 row = {"combo": combo, "method": label, "prompt": p.id, "new_tokens": st["new_tokens"],
                        "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
                        "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
@@ -237,6 +253,8 @@ def main() -> None:
     p.add_argument("--unscaled-auto", action="store_true",
                    help="also tree=auto priced as session 39's tune wrote it: overhead A/B/A (a plain step's and a "
                         "chain's work = a tree iteration's), no factors")
+    p.add_argument("--auto-variants", action="store_true",
+                   help="also tune's tree=auto without its probes, without its drafting margin, and without both")
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

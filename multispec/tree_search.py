@@ -72,16 +72,33 @@ class RankAcceptance:
         tries[:cols], accepts[:cols] = self.tries.sum(0)[:cols], self.accepts.sum(0)[:cols]
         return (accepts + weight * means) / (tries + weight)
 
-    def rates(self, depth: int, prior: list[float] | None = None, ranks: int = MAX_CHILDREN,
+    def rates(self, depth: int, prior: list[float] | list[list[float]] | None = None, ranks: int = MAX_CHILDREN,
               weight: float | None = None) -> np.ndarray:
-        """rate[d][i] for depths 1..depth: each depth's counts pulled towards the pooled rate."""
+        """rate[d][i] for depths 1..depth. Without a prior, or with one row for every depth, each depth's counts
+        are pulled towards the rate pooled over depths (itself pulled towards the prior, or 1 / (3 (i + 1))). A
+        prior by depth (rows, the last for every deeper level: what `multispec tune` measured at each depth)
+        pulls each depth's counts towards its own row with the weight of `weight` tries."""
+        rows, cols = min(depth, self.tries.shape[0]), min(ranks, self.tries.shape[1])
+        if prior and isinstance(prior[0], (list, tuple)):
+            weight = PRIOR_STRENGTH if weight is None else weight
+            out = np.array([[row[i] if i < len(row) else 1.0 / (3 * (i + 1)) for i in range(ranks)]
+                            for row in (prior[min(d, len(prior) - 1)] for d in range(depth))])
+            if rows and cols:
+                t, a = self.tries[:rows, :cols], self.accepts[:rows, :cols]
+                out[:rows, :cols] = (a + weight * out[:rows, :cols]) / (t + weight)
+            return out
         pooled = self.pooled(prior, ranks, weight)
         out = np.tile(pooled, (depth, 1))
-        rows, cols = min(depth, self.tries.shape[0]), min(ranks, self.tries.shape[1])
         if rows and cols:
             t, a = self.tries[:rows, :cols], self.accepts[:rows, :cols]
             out[:rows, :cols] = (a + DEPTH_SHRINK * pooled[:cols]) / (t + DEPTH_SHRINK)
         return out
+
+    def prior_text(self, depth: int) -> str:
+        """`rates(depth)` as tree=auto's `acceptance=` prior: a row per measured depth and then the pooled row,
+        which the rows beyond the measured depths are ('0.4/0.2;0.5/0.3;...', rank 0 first)."""
+        rows = self.rates(depth)[: min(depth, self.tries.shape[0] + 1)]
+        return ";".join("/".join(f"{r:.3f}" for r in row) for row in rows)
 
     def as_dict(self) -> dict:
         """For stats: counts and the measured rates (None where nothing was tried)."""
@@ -285,18 +302,24 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
                  overhead: float = 0.0, max_depth: int | None = None, pending: int = 1, per_node: float = 0.0,
                  plain_cost: ForwardCost | None = None, chain_cost: ForwardCost | None = None,
                  chain_draft_cost: ForwardCost | None = None, plain_overhead: float | None = None,
-                 chain_overhead: tuple[float, float] | None = None) -> TreeChoice:
+                 chain_overhead: tuple[float, float] | None = None, switch: float = 0.0,
+                 margin: float = 0.0) -> TreeChoice:
     """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
     Each kind of iteration is priced as it runs: a tree by `target_cost` and `draft_cost`, with per-iteration
     work `overhead` + `per_node` x nodes; a chain (one child per node, which the engine scores without a mask)
     by `chain_cost` and `chain_draft_cost` (default the tree's) and work `chain_overhead` = (per iteration, per
     node) (default the tree's); a plain step by `plain_cost` (default `chain_cost`) and `plain_overhead`
-    (default `overhead`)."""
+    (default `overhead`). `switch`: seconds per token that drafting pays on top, none (a one-time cost, such as
+    a draft that must first read the tokens it has not seen, spread over the tokens left). `margin`: drafting is
+    chosen only where it is that fraction faster than a plain step (prices measured from a few runs err by a
+    few per cent, and a drafting iteration priced barely faster may well be slower)."""
     chain_cost = chain_cost or target_cost
     chain_draft_cost = chain_draft_cost or draft_cost
     plain_overhead = overhead if plain_overhead is None else plain_overhead
     chain_overhead = (overhead, per_node) if chain_overhead is None else tuple(chain_overhead)
-    best = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead, ())
+    plain = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead, ())
+    # the best drafting choice so far: at first a placeholder as fast as a plain step with its margin
+    best = TreeChoice(0, 0, 1.0 + margin, plain.seconds, ())
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
     # the curves read once per size (this search runs during decoding)
     sizes = np.arange(table.max_nodes + 1)
@@ -328,12 +351,13 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
         if levels is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
             seconds += levels[1] + sum(levels[w] for w in widths[:-1])
         tokens = table.value(n, depth)
+        seconds += switch * tokens
         speed = tokens / seconds
         # among equal speeds: no tree, then the smallest depth limit and size
         if speed > best.tokens_per_second or (speed == best.tokens_per_second and best.nodes
                                               and (depth, n) < (best.depth, best.nodes)):
             best = TreeChoice(n, depth, tokens, seconds, widths)
-    return best
+    return best if best.nodes else plain
 
 
 def value_bound(reach: np.ndarray, max_nodes: int, max_depth: int) -> np.ndarray:

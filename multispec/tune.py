@@ -32,7 +32,7 @@ import numpy as np
 
 from .api import generate
 from .bench.prompts import Prompt
-from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES, replans
+from .drafting.shape import AUTO_MAX_DEPTH, AUTO_MAX_NODES, DRAFT_MARGIN, replans
 from .models.base import LanguageModel
 from .models.cost import ForwardCost, forward_cost, padded_tokens
 from .params import parse_method, read_json
@@ -248,7 +248,9 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
                                     {"tree": fastest, "replacement": replacement}, fastest,
                                     tree_value(fastest, reach), seconds(fastest), prefill, new_tokens))
-    prior = "/".join(f"{r:.3f}" for r in ranks.pooled())
+    # its prior is the rates the table above was built from, by depth (a pooled prior drew narrower trees than
+    # the ones priced here: deeper levels accept more, and their second children most)
+    prior = ranks.prior_text(AUTO_MAX_DEPTH)
     # tree=auto is offered with every price tune measured: the work besides forwards of a tree iteration, a
     # plain step and a chain, and the forward factors of each kind. Its choices are then the ones priced here;
     # with a prior it skips the one-node tries of a call without one, so where no tree pays it runs plain steps
@@ -257,7 +259,13 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     work = "/".join(f"{x * 1000:.4f}" for x in (*overhead, ar_overhead, *chain_overhead))
     scale = "/".join(f"{x:.4f}" for x in (ar_factor, factors["chain"][0], factors["tree"][0], factors["chain"][1],
                                           factors["tree"][1]))
-    auto_tree = fastest if fastest.size else None
+    # its choice at the start of a call: the fastest tree, where it beats plain steps by the controller's margin
+    auto_choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
+                               context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
+                               chain_cost=target_cost.scaled(factors["chain"][0]),
+                               chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead,
+                               chain_overhead=chain_overhead, margin=DRAFT_MARGIN)
+    auto_tree = table.tree(auto_choice.nodes, auto_choice.depth) if auto_choice.nodes else None
     auto_tokens, auto_seconds = ((tree_value(auto_tree, reach), seconds(auto_tree)) if auto_tree is not None
                                  else (1.0, candidates[0].seconds))
     candidates.append(Candidate(f"mcsd:tree=auto,acceptance={prior},overhead={work},factors={scale},"

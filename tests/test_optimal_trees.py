@@ -16,6 +16,8 @@ from multispec.check import check_method
 from multispec.models.cost import ForwardCost
 from multispec.models.markov import random_markov_pair
 from multispec.tree_search import (
+    MAX_CHILDREN,
+    RankAcceptance,
     TreeTable,
     fastest_tree,
     iteration_seconds,
@@ -178,9 +180,10 @@ def test_the_fastest_tree_follows_the_cost_curve():
 
 
 def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, chain_cost=None, chain_draft=None,
-                  chain_work=None):
+                  chain_work=None, switch=0.0):
     """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does: a
-    chain on `chain_cost` and `chain_draft`, with work `chain_work` (per iteration, per node), where given."""
+    chain on `chain_cost` and `chain_draft`, with work `chain_work` (per iteration, per node), where given; each
+    drafted iteration's token pays `switch` seconds more."""
     for depth in range(1, table.max_depth + 1):
         for n in range(1, table.max_nodes + 1):
             if np.isfinite(table.value(n, depth)):
@@ -189,7 +192,7 @@ def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, c
                 a, b = chain_work if chain and chain_work else (overhead, per_node)
                 seconds = iteration_seconds(widths, (chain and chain_cost) or target_cost,
                                             (chain and chain_draft) or draft_cost, context, a + b * n)
-                yield table.value(n, depth) / seconds
+                yield table.value(n, depth) / (seconds + switch * table.value(n, depth))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -226,6 +229,27 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
                *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft,
                               chain_work))
     assert lined.tokens_per_second == pytest.approx(best, rel=1e-12)
+    # a one-time cost of drafting (a draft far behind) spread over the tokens left: each token drafting gives
+    # pays `switch` more, a plain step's nothing
+    switch = 0.004 * rng.random()
+    switched = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
+                            chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead,
+                            chain_overhead=chain_work, switch=switch)
+    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
+               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft,
+                              chain_work, switch))
+    assert switched.tokens_per_second == pytest.approx(best, rel=1e-12)
+    # with a margin, drafting only where it is that much faster than a plain step
+    plain_speed = 1.0 / (plain_cost(1, 500) + plain_overhead)
+    for margin in (0.0, 0.05, 0.3):
+        margined = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node,
+                                plain_cost=plain_cost, chain_cost=chain_cost, chain_draft_cost=chain_draft,
+                                plain_overhead=plain_overhead, chain_overhead=chain_work, margin=margin)
+        drafting = max(_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost,
+                                     chain_draft, chain_work))
+        expected = drafting if drafting > plain_speed * (1 + margin) else plain_speed
+        assert margined.tokens_per_second == pytest.approx(expected, rel=1e-12)
+        assert (margined.nodes > 0) == (drafting > plain_speed * (1 + margin))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -298,7 +322,7 @@ def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monk
     from multispec.drafting.model import DraftChain
     from multispec.drafting.shape import AutoTree
 
-    def chain_of_two(self, context, pending, room):  # every search picks a two-node chain
+    def chain_of_two(self, context, pending, room, behind=1):  # every search picks a two-node chain
         self.searches += 1
         self._use(TokenTree.chain(min(2, room)))
 
@@ -380,9 +404,15 @@ def test_tree_auto_searches_again_only_on_news(monkeypatch):
     target, draft = random_markov_pair(6, 200, 2)
     prompt = [i % 6 for i in range(120)]  # 60 more tokens grow the context by half
     method = "mcsd:tree=auto,overhead=0/1000"
+    scheduled = sum(shape.replans(c) for c in range(1, 61))  # 1, 2, 4, 8, 16, 32, 48
+    # with probes, a one-node chain at calls 16, 32 and 48, where plain steps were chosen, and a search on each
+    # one's verdict at the next call: the context then never grows to 1.25 times the last search's
+    probed = generate(target, draft, prompt, method=method, max_new_tokens=60, seed=3)
+    assert probed.stats["tree_probes"] == 3 and probed.stats["trees_used"]["1 nodes, depth 1, widths 1"] == 3 + 3
+    assert probed.stats["tree_searches"] == 3 + 3  # calls 1, 2, 4 (the first three try one node), 17, 33, 49
+    monkeypatch.setattr(shape, "PROBE_EVERY", 1000)
     run = generate(target, draft, prompt, method=method, max_new_tokens=60, seed=3)
     assert run.stats["trees_used"].get("none", 0) >= 50
-    scheduled = sum(shape.replans(c) for c in range(1, 61))  # 1, 2, 4, 8, 16, 32, 48
     # the first three calls try one node (EXPLORE); then a search at 120 * 1.25 = 150 tokens and no other
     assert run.stats["tree_searches"] == 4 < scheduled
     monkeypatch.setattr(shape.AutoTree, "_news", lambda self, context: True)
@@ -392,6 +422,41 @@ def test_tree_auto_searches_again_only_on_news(monkeypatch):
     monkeypatch.undo()
     adapted = generate(target, draft, prompt, method=method + ",adapt=true", max_new_tokens=60, seed=3)
     assert adapted.stats["tree_searches"] >= scheduled
+
+
+def test_tree_auto_spreads_a_draft_catch_up_over_the_tokens_left(monkeypatch):
+    # drafting pays per iteration (a flat target curve, a cheap draft step, a high prior), but the draft must
+    # first read the 40-token prompt, for 0.4 s: spread over 10 tokens that does not pay, over 150 it does
+    import multispec.decoding.tree as tree_module
+
+    target, draft = random_markov_pair(6, 200, 2)
+    flat, reading = ForwardCost((0.01,) * 4, tokens=(1, 2, 3, 64)), ForwardCost((0.0001, 0.64), tokens=(1, 64))
+    monkeypatch.setattr(tree_module, "forward_cost", lambda model, **kwargs: reading if model is draft else flat)
+    prompt = [i % 6 for i in range(40)]
+    method = "mcsd:tree=auto,acceptance=0.9/0.5,overhead=0/0/0/0/0"
+    short = generate(target, draft, prompt, method=method, max_new_tokens=10, seed=3)
+    assert set(short.stats["trees_used"]) == {"none"} and short.stats["draft_calls"] == 0
+    long = generate(target, draft, prompt, method=method, max_new_tokens=150, seed=3)
+    assert long.stats["draft_calls"] > 0 and long.stats["trees_used"].get("none", 0) < 10
+
+
+def test_a_prior_by_depth_starts_tree_auto_at_the_rates_tune_priced():
+    counts = RankAcceptance()
+    for depth, rank, accepted in [(1, 0, 1), (1, 0, 0), (1, 1, 0), (2, 0, 1), (2, 1, 1), (2, 1, 1)] * 5:
+        counts.record(depth, rank, accepted)
+    text = counts.prior_text(12)
+    rows = multispec.decoding.tree.parse_acceptance(text)
+    # the two measured depths, then the pooled row for every deeper level
+    assert len(rows) == 3 and all(len(r) == MAX_CHILDREN for r in rows)
+    assert np.allclose(RankAcceptance().rates(12, rows, weight=20.0), counts.rates(12), atol=5e-4)
+    assert rows[1][1] > rows[0][1]  # the depth-2 second child, accepted every time, keeps its own rate
+    # a flat prior still means one row for every depth
+    assert np.allclose(RankAcceptance().rates(3, [0.5, 0.2], weight=20.0)[:, :2], [[0.5, 0.2]] * 3)
+    with pytest.raises(ValueError, match="rows per depth separated by ';'"):
+        multispec.decoding.tree.parse_acceptance("0.5/0.2;1.5")
+    target, draft = random_markov_pair(6, 40, 2)
+    out = generate(target, draft, [1], method=f"mcsd:tree=auto,acceptance={text}", max_new_tokens=8, seed=0)
+    assert len(out.token_ids) == 8
 
 
 def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_one_node_tries(monkeypatch):
@@ -405,22 +470,22 @@ def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_o
     target, draft = random_markov_pair(6, 200, 2)
     prompt = [i % 6 for i in range(40)]
     method = "mcsd:tree=auto,acceptance=0.5/0.2,overhead=0/0/0/0/0"
-    run = generate(target, draft, prompt, method=method, max_new_tokens=20, seed=3)
-    # no iteration drafts: a one-node chain gives 1.5 tokens for twice a plain step's cost, and the prior
+    run = generate(target, draft, prompt, method=method, max_new_tokens=15, seed=3)
+    # no iteration drafts (before the first probe, at call 16): a one-node chain gives 1.5 tokens for twice a plain step's cost, and the prior
     # stands for the one-node tries a call without one makes first
     assert set(run.stats["trees_used"]) == {"none"} and run.stats["draft_calls"] == 0
-    bare = generate(target, draft, prompt, method="mcsd:tree=auto,overhead=0/0/0/0/0", max_new_tokens=20, seed=3)
+    bare = generate(target, draft, prompt, method="mcsd:tree=auto,overhead=0/0/0/0/0", max_new_tokens=15, seed=3)
     assert bare.stats["trees_used"].get("1 nodes, depth 1, widths 1", 0) >= 1
 
     # known wrong: priced with the prompt pending (at the first call every context token is), it drafts a tree
     # into the prompt's forward
     original = shape_module.AutoTree.search
 
-    def with_the_prompt_pending(self, context, pending, room):
-        return original(self, context, context if self.calls == 1 else pending, room)
+    def with_the_prompt_pending(self, context, pending, room, behind=1):
+        return original(self, context, context if self.calls == 1 else pending, room, behind)
 
     monkeypatch.setattr(shape_module.AutoTree, "search", with_the_prompt_pending)
-    wrong = generate(target, draft, prompt, method=method, max_new_tokens=20, seed=3)
+    wrong = generate(target, draft, prompt, method=method, max_new_tokens=15, seed=3)
     assert wrong.stats["draft_calls"] > 0
 
 

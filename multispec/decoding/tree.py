@@ -160,7 +160,9 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
                     lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
                     tree_cost=forward_cost(s.target_model, masked=True),
                     overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,
-                    one_time=s.one_time_seconds, chain=make_drafter("model", s, tree=False))
+                    one_time=s.one_time_seconds, chain=make_drafter("model", s, tree=False),
+                    draft_behind=lambda context: len(context) - (s.draft.committed if s.draft is not None else 0),
+                    budget=s.budget)
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
 
@@ -179,17 +181,22 @@ def as_tree(value) -> TokenTree:
     return load_tree(value)
 
 
-def parse_acceptance(text: str | None) -> list[float] | None:
-    """'0.6/0.2/0.1' (or commas, in library calls) -> the prior acceptance of the rank-0, 1, 2 children."""
+def parse_acceptance(text: str | None) -> list[float] | list[list[float]] | None:
+    """'0.6/0.2/0.1' (or commas, in library calls) -> the prior acceptance of the rank-0, 1, 2 children;
+    '0.5/0.2;0.6/0.3' -> one such row per depth from depth 1 (the last for every deeper level)."""
     if text is None:
         return None
-    try:
-        rates = [float(x) for x in str(text).replace(",", "/").split("/") if x.strip()]
-    except ValueError:
-        rates = []
-    if not rates or any(not 0 <= r <= 1 for r in rates):
-        raise ValueError(f"acceptance must be rates in [0, 1] separated by '/' (rank 0 first), got {text!r}")
-    return rates
+    rows = []
+    for part in str(text).split(";"):
+        try:
+            rates = [float(x) for x in part.replace(",", "/").split("/") if x.strip()]
+        except ValueError:
+            rates = []
+        if not rates or any(not 0 <= r <= 1 for r in rates):
+            raise ValueError("acceptance must be rates in [0, 1] separated by '/' (rank 0 first), rows per depth "
+                             f"separated by ';', got {text!r}")
+        rows.append(rates)
+    return rows[0] if len(rows) == 1 else rows
 
 
 def _numbers(text) -> list[float]:
@@ -253,7 +260,8 @@ TREE = Param(object, None, _check_tree, "'auto', or a JSON file of parent indice
              "any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
              "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
              "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia)")
-ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1",
+ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1, or a row "
+                   "per depth separated by ';', e.g. '0.5/0.2;0.6/0.3'",
                    "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
                    "(multispec tune writes it into plan files)")
 ADAPT = Param(bool, False, rule="true or false",

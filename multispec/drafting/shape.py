@@ -26,6 +26,13 @@ EXPLORE = 3  # one-node tries before a record without a prior may choose no draf
 PRIOR_WEIGHT = 20.0  # pseudo-tries behind a prior acceptance vector (from `multispec tune`)
 # seconds of work besides forwards assumed before any is measured: a drafting iteration's, a plain step's
 OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR = 1e-3, 5e-4
+# while it runs plain steps no verdicts come in, so a run of early rejections would keep it from drafting for the
+# rest of the call: every PROBE_EVERY calls a plain-step choice gives way to one one-node chain (about a plain
+# step's price where drafting does not pay) and the next call searches on what it saw
+PROBE_EVERY = 16
+# drafting is chosen only where priced this much faster than a plain step: its prices come from a few runs (a
+# fixed tree priced 1 % ahead of plain steps measured 11 % behind them on translation), a plain step's from ar's
+DRAFT_MARGIN = 0.05
 # a scheduled search with no new verdicts since the last one (as when no drafting was chosen) can change its
 # answer only through the context length: it is repeated once the context has grown by this factor
 CONTEXT_GROWTH = 1.25
@@ -69,16 +76,20 @@ class AutoTree(Drafter):
 
     def __init__(self, drafter: DraftTree, ranks: Callable[[], RankAcceptance], target_cost: ForwardCost,
                  draft_cost: ForwardCost | None, forward_seconds: Callable[[], tuple[float, float]],
-                 pending: Callable[[list[int]], int], prior: list[float] | None = None,
+                 pending: Callable[[list[int]], int], prior: list[float] | list[list[float]] | None = None,
                  max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
                  tree_cost: ForwardCost | None = None,
                  overhead: tuple[float, ...] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
                  factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0,
-                 chain: Drafter | None = None):
+                 chain: Drafter | None = None, draft_behind: Callable[[list[int]], int] | None = None,
+                 budget: Callable[[], int] | None = None):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         # the chains it picks go through a chain proposer where given (on the same draft runner): the same
         # draws' law with a fifth of the tree proposer's work; `accept` goes to whichever proposed
         self.chain = chain
+        # how many tokens the draft has not read, and how many the call may still commit: a draft far behind (after
+        # the prompt, or plain steps) first reads them all, once, which the tokens left share
+        self.draft_behind, self.budget = draft_behind, budget
         self._proposer: Drafter = drafter
         self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
@@ -101,22 +112,30 @@ class AutoTree(Drafter):
         self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
         self._searched: tuple[float, int] | None = None  # (tries recorded, context length) at the last search
         self.searches = 0
+        self.probes = 0
+        self._probed = False  # the last call proposed a probe: search on its verdict
         self.search_seconds = 0.0
 
-    def search(self, context: int, pending: int, room: int) -> None:
-        """Find the fastest tree of depth at most `room` (the tokens left bound it)."""
+    def search(self, context: int, pending: int, room: int, behind: int = 1) -> None:
+        """Find the fastest tree of depth at most `room` (the tokens left bound it); the draft is `behind` tokens
+        behind the context."""
         counts = self.ranks()
         self._searched = (float(counts.tries.sum()), context)
         self.searches += 1
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
         tree_cost, draft_cost, chain_cost, chain_draft = self._priced("tree") + self._priced("chain")
+        left = self.budget() if self.budget is not None else 0
+        # the catch-up token is in every drafting iteration's price; the rest of a long catch-up is paid once
+        switch = (chain_draft(behind, context) - chain_draft(1, context)) / left if (
+            behind > 1 and left > 0 and chain_draft is not None) else 0.0
         self.choice, table = search_tree(rates, self.max_nodes, depth, tree_cost, draft_cost, context, self.overhead,
                                          pending=pending, per_node=self.per_node,
                                          plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
                                          chain_cost=chain_cost, chain_draft_cost=chain_draft,
                                          plain_overhead=self.plain_overhead,
-                                         chain_overhead=(self.chain_overhead, self.chain_per_node))
+                                         chain_overhead=(self.chain_overhead, self.chain_per_node), switch=switch,
+                                         margin=DRAFT_MARGIN)
         # a prior (from tune) stands for the tries; without one a few one-node tries come first
         if (self.choice.nodes == 0 and self.prior is None
                 and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE):
@@ -173,11 +192,17 @@ class AutoTree(Drafter):
         pending = min(self.pending(context), 1)
         searched = 0.0
         room = shape_depth(shape)
-        if (replans(self.calls) and self._news(len(context))) or self.tree.max_depth > room:
-            self.search(len(context), pending, room)
+        if (replans(self.calls) and self._news(len(context))) or self._probed or self.tree.max_depth > room:
+            self.search(len(context), pending, room,
+                        self.draft_behind(context) if self.draft_behind is not None else 1)
             searched = time.perf_counter() - now
             self.search_seconds += searched
+        self._probed = False
         tree = self.tree
+        if not tree.size and self.calls % PROBE_EVERY == 0 and room >= 1:
+            tree, self._probed = TokenTree.chain(1), True
+            self.probes += 1
+            self._use(tree)
         self.used[self._label] = self.used.get(self._label, 0) + 1
         if self.calls >= 2 and self.choice is not None:
             self.predicted_tokens += self.choice.tokens
@@ -210,6 +235,7 @@ class AutoTree(Drafter):
         return {
             "trees_used": dict(top),
             "tree_searches": self.searches,
+            "tree_probes": self.probes,
             "tree_search_seconds": self.search_seconds,
             "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
                                             if self.predicted_seconds else None),
