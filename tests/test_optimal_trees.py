@@ -470,10 +470,11 @@ def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_o
     target, draft = random_markov_pair(6, 200, 2)
     prompt = [i % 6 for i in range(40)]
     method = "mcsd:tree=auto,acceptance=0.5/0.2,overhead=0/0/0/0/0"
-    run = generate(target, draft, prompt, method=method, max_new_tokens=15, seed=3)
-    # no iteration drafts (before the first probe, at call 16): a one-node chain gives 1.5 tokens for twice a plain step's cost, and the prior
-    # stands for the one-node tries a call without one makes first
+    run = generate(target, draft, prompt, method=method, max_new_tokens=40, seed=3)
+    # no iteration drafts: a one-node chain gives 1.5 tokens for twice a plain step's cost, the prior stands for
+    # the one-node tries a call without one makes first, and no probe makes the draft read the prompt
     assert set(run.stats["trees_used"]) == {"none"} and run.stats["draft_calls"] == 0
+    assert run.stats["tree_probes"] == 0
     bare = generate(target, draft, prompt, method="mcsd:tree=auto,overhead=0/0/0/0/0", max_new_tokens=15, seed=3)
     assert bare.stats["trees_used"].get("1 nodes, depth 1, widths 1", 0) >= 1
 
