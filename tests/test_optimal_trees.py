@@ -311,7 +311,8 @@ def irregular_file(tmp_path):
 
 
 @pytest.mark.parametrize("params", [{"replacement": False}, {"replacement": True}, {"tree": "auto"},
-                                    {"tree": "auto", "adapt": True}])
+                                    {"tree": "auto", "adapt": True},
+                                    {"tree": "auto", "acceptance": "0.9/0.6;0.8/0.5", "overhead": "0/0/1/0/0"}])
 def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
     params = {"tree": irregular_file, **params}
     report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
