@@ -238,11 +238,15 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
         candidates.append(Candidate(f"mcsd, optimal tree of {n} nodes", "mcsd",
                                     {"tree": best, "replacement": replacement}, best, tree_value(best, reach),
                                     seconds(best), prefill, new_tokens))
-    choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
-                          context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
-                          chain_cost=target_cost.scaled(factors["chain"][0]),
-                          chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead,
-                          chain_overhead=chain_overhead)
+    # every kind priced as it ran here: the fastest choice, and tree=auto's at the start of a call (the same, where
+    # it beats plain steps by the controller's margin)
+    priced = {"per_node": overhead[1], "plain_cost": target_cost.scaled(ar_factor),
+              "chain_cost": target_cost.scaled(factors["chain"][0]),
+              "chain_draft_cost": draft_cost.scaled(factors["chain"][1]), "plain_overhead": ar_overhead,
+              "chain_overhead": chain_overhead}
+    tree_prices = (table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]), context,
+                   overhead[0])
+    choice = fastest_tree(*tree_prices, **priced)
     fastest = table.tree(choice.nodes, choice.depth)
     if fastest.size:
         candidates.append(Candidate("mcsd, the fastest optimal tree", "mcsd",
@@ -259,12 +263,7 @@ def tune(target: LanguageModel, draft: LanguageModel, prompts: list[Prompt], tem
     work = "/".join(f"{x * 1000:.4f}" for x in (*overhead, ar_overhead, *chain_overhead))
     scale = "/".join(f"{x:.4f}" for x in (ar_factor, factors["chain"][0], factors["tree"][0], factors["chain"][1],
                                           factors["tree"][1]))
-    # its choice at the start of a call: the fastest tree, where it beats plain steps by the controller's margin
-    auto_choice = fastest_tree(table, tree_cost.scaled(factors["tree"][0]), draft_cost.scaled(factors["tree"][1]),
-                               context, overhead[0], per_node=overhead[1], plain_cost=target_cost.scaled(ar_factor),
-                               chain_cost=target_cost.scaled(factors["chain"][0]),
-                               chain_draft_cost=draft_cost.scaled(factors["chain"][1]), plain_overhead=ar_overhead,
-                               chain_overhead=chain_overhead, margin=DRAFT_MARGIN)
+    auto_choice = fastest_tree(*tree_prices, **priced, margin=DRAFT_MARGIN)
     auto_tree = table.tree(auto_choice.nodes, auto_choice.depth) if auto_choice.nodes else None
     auto_tokens, auto_seconds = ((tree_value(auto_tree, reach), seconds(auto_tree)) if auto_tree is not None
                                  else (1.0, candidates[0].seconds))
