@@ -451,6 +451,13 @@ def test_a_prior_by_depth_starts_tree_auto_at_the_rates_tune_priced():
     assert len(rows) == 3 and all(len(r) == MAX_CHILDREN for r in rows)
     assert np.allclose(RankAcceptance().rates(12, rows, weight=20.0), counts.rates(12), atol=5e-4)
     assert rows[1][1] > rows[0][1]  # the depth-2 second child, accepted every time, keeps its own rate
+    # the call's own counts at a depth are pulled towards that depth's row, with the weight of `weight` tries
+    seen = RankAcceptance()
+    for accepted in (0, 0, 0, 1):
+        seen.record(2, 0, accepted)
+    pulled = seen.rates(12, rows, weight=20.0)
+    assert pulled[1, 0] == pytest.approx((1 + 20 * rows[1][0]) / (4 + 20))
+    assert np.allclose(pulled[0], RankAcceptance().rates(12, rows, weight=20.0)[0])  # depth 1 saw nothing
     # a flat prior still means one row for every depth
     assert np.allclose(RankAcceptance().rates(3, [0.5, 0.2], weight=20.0)[:, :2], [[0.5, 0.2]] * 3)
     with pytest.raises(ValueError, match="rows per depth separated by ';'"):
