@@ -35,6 +35,11 @@ PRIOR_STRENGTH = 3.0
 DEPTH_SHRINK = 4.0  # pseudo-tries pulling a depth's rate towards the rate pooled over depths
 
 
+def _prior_means(prior: list[float] | None, ranks: int) -> np.ndarray:
+    """[ranks] prior rates: `prior[i]` where given, else 1 / (3 (i + 1))."""
+    return np.array([prior[i] if prior and i < len(prior) else 1.0 / (3 * (i + 1)) for i in range(ranks)])
+
+
 @dataclass
 class RankAcceptance:
     """Tries and accepts by depth (row d - 1) and rank (column i) for one drafter and draw mode."""
@@ -66,7 +71,7 @@ class RankAcceptance:
         """rate[i] over all depths, each rank pulled towards `prior[i]` (default: 1 / (3 (i + 1))) with the
         weight of `weight` tries (default PRIOR_STRENGTH)."""
         weight = PRIOR_STRENGTH if weight is None else weight
-        means = np.array([(prior[i] if prior and i < len(prior) else 1.0 / (3 * (i + 1))) for i in range(ranks)])
+        means = _prior_means(prior, ranks)
         tries, accepts = np.zeros(ranks), np.zeros(ranks)
         cols = min(ranks, self.tries.shape[1])
         tries[:cols], accepts[:cols] = self.tries.sum(0)[:cols], self.accepts.sum(0)[:cols]
@@ -81,8 +86,7 @@ class RankAcceptance:
         rows, cols = min(depth, self.tries.shape[0]), min(ranks, self.tries.shape[1])
         if prior and isinstance(prior[0], (list, tuple)):
             weight = PRIOR_STRENGTH if weight is None else weight
-            out = np.array([[row[i] if i < len(row) else 1.0 / (3 * (i + 1)) for i in range(ranks)]
-                            for row in (prior[min(d, len(prior) - 1)] for d in range(depth))])
+            out = np.stack([_prior_means(prior[min(d, len(prior) - 1)], ranks) for d in range(depth)])
             if rows and cols:
                 t, a = self.tries[:rows, :cols], self.accepts[:rows, :cols]
                 out[:rows, :cols] = (a + weight * out[:rows, :cols]) / (t + weight)
