@@ -222,6 +222,33 @@ def test_the_attention_is_softmax_attention_in_float32(kernel):
         dpbf16.attend(query[..., :40], keys[..., :40], values, mask, 32, 0.125)
 
 
+@pytest.mark.parametrize("heads, kv_heads, dim, tokens, past", [
+    (9, 3, 64, 16, 1000), (9, 3, 64, 5, 37), (6, 2, 128, 7, 300), (4, 4, 64, 1, 20), (2, 1, 32, 3, 50)])
+def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads, dim, tokens, past):
+    # the rows that share a key head are attended in blocks (their scores 16 keys at a time, a value loaded once
+    # for the block), whose size follows the number of rows; each row's sums keep one order, so a row fed with
+    # others gets the bits it gets alone, and softmax attention's value
+    gen = torch.Generator().manual_seed(heads + tokens)
+    width = past + tokens
+    query = torch.randn(1, heads, tokens, dim, generator=gen).bfloat16()
+    keys = torch.randn(1, kv_heads, width + 5, dim, generator=gen)
+    values = torch.cat([torch.randn(1, kv_heads, width + 5, dim, generator=gen), torch.ones(1, kv_heads, width + 5, 1)],
+                       -1)
+    mask = torch.zeros(1, 1, tokens, width)
+    mask[..., past:] = torch.where(torch.rand(tokens, tokens, generator=gen) < 0.5, torch.finfo(torch.float32).min, 0.0)
+    mask[..., past:].diagonal(dim1=-2, dim2=-1).zero_()
+    together = dpbf16.attend(query, keys, values, mask, dim, 0.125)
+    exact = _attention_reference(query, keys[:, :, :width], values[:, :, :width, :dim], mask, 0.125)
+    assert torch.allclose(together.double(), exact, atol=1e-2, rtol=1e-2)
+    group = heads // kv_heads
+    for head in range(heads):
+        kv = slice(head // group, head // group + 1)
+        for token in range(tokens):
+            alone = dpbf16.attend(query[:, head : head + 1, token : token + 1], keys[:, kv], values[:, kv],
+                                  mask[:, :, token : token + 1], dim, 0.125)
+            assert torch.equal(alone[0, 0, 0], together[0, head, token]), (head, token)
+
+
 def _tree_and_chain(attention, past: int = 300):
     """A node at depth 3 of a tree (its ancestors at tree slots 0 and 2, a masked sibling at 1 and a cousin after
     it) against the same node as a chain step (ancestors at consecutive slots): whether its output has the same

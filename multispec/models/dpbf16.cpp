@@ -186,6 +186,124 @@ void attend_row(const float* q, const float* keys, int64_t ldk, const float* val
   for (int64_t v = 0; v < vectors; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(acc[v], norm));
 }
 
+// lane i: the sum of the 16 lanes of a[i], added in the order `_mm512_reduce_add_ps` adds one vector's lanes
+// (the halves, then the quarters, then lanes (0, 2) and (1, 3), then those two), for 16 vectors at once
+inline __m512 lane_sums(const __m512* a) {
+  // the tree below leaves the sum of slot 4k + c in lane 4c + k: slot 4k + c takes vector 4c + k
+  constexpr int slot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  __m512 halves[8], quarters[4], pairs[2];
+  for (int m = 0; m < 8; ++m) {  // [8 lanes of slot 2m | of slot 2m + 1]: upper half + lower half
+    const __m512 x = a[slot[2 * m]], y = a[slot[2 * m + 1]];
+    halves[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0xEE), _mm512_shuffle_f32x4(x, y, 0x44));
+  }
+  for (int m = 0; m < 4; ++m) {  // 128-bit chunk c: 4 lanes of slot 4m + c: upper quarter + lower quarter
+    const __m512 x = halves[2 * m], y = halves[2 * m + 1];
+    quarters[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0xDD), _mm512_shuffle_f32x4(x, y, 0x88));
+  }
+  for (int m = 0; m < 2; ++m) {  // chunk c: lanes 0 + 2 and 1 + 3 of slots 8m + c and 8m + 4 + c
+    const __m512 x = quarters[2 * m], y = quarters[2 * m + 1];
+    pairs[m] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+  }
+  // chunk c: the two lanes of slots c, 4 + c, 8 + c, 12 + c added
+  return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xDD));
+}
+
+// `attend_row` for R query rows that read the same keys and values (the query heads of one key head, and their
+// tokens), with d = dv = 16 V: a row's scores come 16 keys at a time (`lane_sums`), and each value vector is
+// loaded once for the R rows. Each row's sums run in `attend_row`'s order, so a row gets the same bits in a block
+// of any size. `scores` holds R rows of `width` rounded up to 16.
+template <int R, int V>
+void attend_rows(const float* const* q, const float* keys, int64_t ldk, const float* values, int64_t ldv,
+                 const float* const* mask, int64_t mask_stride, int64_t width, float scaling, float* scores,
+                 float* const* out) {
+  const int64_t padded = (width + 15) / 16 * 16;
+  const __m512 scale = _mm512_set1_ps(scaling);
+  __m512 top[R];
+  for (int r = 0; r < R; ++r) top[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < width; j += 16) {
+    const int64_t count = std::min<int64_t>(16, width - j);
+    const __mmask16 valid = static_cast<__mmask16>(count == 16 ? 0xFFFF : (1u << count) - 1);
+    for (int r = 0; r < R; ++r) {
+      __m512 query[V];
+      for (int v = 0; v < V; ++v) query[v] = _mm512_loadu_ps(q[r] + 16 * v);
+      __m512 dots[16];
+      for (int i = 0; i < 16; ++i) {
+        if (i >= count) {
+          dots[i] = _mm512_setzero_ps();
+          continue;
+        }
+        const float* k = keys + (j + i) * ldk;
+        __m512 acc = _mm512_mul_ps(query[0], _mm512_loadu_ps(k));
+        for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(query[v], _mm512_loadu_ps(k + 16 * v), acc);
+        dots[i] = acc;
+      }
+      __m512 added;
+      if (mask_stride == 1) {
+        added = _mm512_maskz_loadu_ps(valid, mask[r] + j);
+      } else {
+        alignas(64) float gathered[16] = {};
+        for (int64_t i = 0; i < count; ++i) gathered[i] = mask[r][(j + i) * mask_stride];
+        added = _mm512_load_ps(gathered);
+      }
+      // `attend_row`'s score: the sum times the scaling plus the mask, one rounding (the compiler fuses them there)
+      const __m512 s = _mm512_fmadd_ps(lane_sums(dots), scale, added);
+      _mm512_storeu_ps(scores + r * padded + j, s);
+      top[r] = _mm512_mask_max_ps(top[r], valid, top[r], s);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* row = scores + r * padded;
+    const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top[r]));
+    int64_t j = 0;
+    for (; j + 16 <= width; j += 16)
+      _mm512_storeu_ps(row + j, exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)));
+    if (j < width) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (width - j)) - 1);
+      _mm512_mask_storeu_ps(row + j, tail, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), shift)));
+    }
+  }
+  __m512 acc[R][V];
+  float total[R];
+  for (int r = 0; r < R; ++r) {
+    total[r] = 0.0f;
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    const float* value = values + j * ldv;
+    __m512 vector[V];
+    for (int v = 0; v < V; ++v) vector[v] = _mm512_loadu_ps(value + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const float w = scores[r * padded + j];
+      if (w == 0.0f) continue;
+      total[r] += w;
+      const __m512 weight = _mm512_set1_ps(w);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(weight, vector[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 norm = _mm512_set1_ps(total[r]);
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out[r] + 16 * v, _mm512_div_ps(acc[r][v], norm));
+  }
+}
+
+// the most rows `attend_rows` takes at once for V value vectors (its accumulators and a value's vectors fill the
+// 32 vector registers); 0: no blocked form (`attend_row` takes every row alone)
+constexpr int64_t block_rows(int64_t vectors) { return vectors == 4 ? 6 : vectors == 8 ? 3 : 0; }
+
+template <int V>
+void attend_block(int64_t rows, const float* const* q, const float* keys, int64_t ldk, const float* values,
+                  int64_t ldv, const float* const* mask, int64_t mask_stride, int64_t width, float scaling,
+                  float* scores, float* const* out) {
+  switch (rows) {
+    case 1: attend_rows<1, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 2: attend_rows<2, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 3: attend_rows<3, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 4: attend_rows<4, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 5: attend_rows<5, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    default: attend_rows<6, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out);
+  }
+}
+
 // query [B, Hq, n, d], float32 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] (a cache's buffers: the
 // first K slots are read, K = the mask's last size), additive float32 mask [B, 1, n, K] (may be broadcast), out
 // [B, Hq, n, dv] in the query's type; query head h attends with key head h / (Hq / Hkv)
@@ -212,18 +330,53 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Ten
   const float* mp = mask.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
-  // one item per (batch row, query head, token)
-  at::parallel_for(0, b * hq * n, 1, [&](int64_t start, int64_t end) {
-    std::vector<float> scores(width);
-    for (int64_t item = start; item < end; ++item) {
-      const int64_t t = item % n, h = (item / n) % hq, r = item / (n * hq);
-      const int64_t kh = h / group;
-      attend_row(qp + item * d, kp + r * keys.stride(0) + kh * keys.stride(1), keys.stride(2),
-                 vp + r * values.stride(0) + kh * values.stride(1), values.stride(2),
-                 mp + r * mask.stride(0) + t * mask.stride(2), mask.stride(3), width, d, dv, scale, scores.data(),
-                 op + item * dv);
-    }
-  });
+  const int64_t most = d == dv ? block_rows(dv / 16) : 0;
+  if (most == 0) {  // one item per (batch row, query head, token)
+    at::parallel_for(0, b * hq * n, 1, [&](int64_t start, int64_t end) {
+      std::vector<float> scores(width);
+      for (int64_t item = start; item < end; ++item) {
+        const int64_t t = item % n, h = (item / n) % hq, r = item / (n * hq);
+        attend_row(qp + item * d, kp + r * keys.stride(0) + (h / group) * keys.stride(1), keys.stride(2),
+                   vp + r * values.stride(0) + (h / group) * values.stride(1), values.stride(2),
+                   mp + r * mask.stride(0) + t * mask.stride(2), mask.stride(3), width, d, dv, scale,
+                   scores.data(), op + item * dv);
+      }
+    });
+  } else {
+    // one item per block of the `group * n` rows (query head, token) that read one key head of one batch row:
+    // at least two blocks a thread where the rows allow, so that threads share the work evenly
+    const int64_t rows = group * n, heads = b * hk;
+    const int64_t wanted = (2 * at::get_num_threads() + heads - 1) / heads;
+    const int64_t blocks = std::min(rows, std::max((rows + most - 1) / most, wanted));
+    const int64_t size = (rows + blocks - 1) / blocks;
+    at::parallel_for(0, heads * blocks, 1, [&](int64_t start, int64_t end) {
+      std::vector<float> scores(size * ((width + 15) / 16 * 16));
+      const float* qs[6];
+      const float* ms[6];
+      float* os[6];
+      for (int64_t item = start; item < end; ++item) {
+        const int64_t head = item / blocks, first = (item % blocks) * size;
+        const int64_t count = std::min(size, rows - first);
+        if (count <= 0) continue;
+        const int64_t r = head / hk, kh = head % hk;
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t h = kh * group + (first + i) / n, t = (first + i) % n;
+          const int64_t index = (r * hq + h) * n + t;
+          qs[i] = qp + index * d;
+          ms[i] = mp + r * mask.stride(0) + t * mask.stride(2);
+          os[i] = op + index * dv;
+        }
+        const float* kb = kp + r * keys.stride(0) + kh * keys.stride(1);
+        const float* vb = vp + r * values.stride(0) + kh * values.stride(1);
+        if (dv == 64)
+          attend_block<4>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
+                          scores.data(), os);
+        else
+          attend_block<8>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
+                          scores.data(), os);
+      }
+    });
+  }
   return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
 }
 
