@@ -129,6 +129,9 @@ def main() -> None:
                     element = next(model.model.parameters()).element_size()
                     per_token = 2 * weight_bytes(model) / element / throughput[dtype]  # compute floor, one token
                     t0 = time.perf_counter()
+                    if which == "target" and hasattr(model, "prepare"):
+                        model.prepare()  # its kernels, and so its cache's storage, as a target's runner decides them
+                    storage = str(model.kv_storage()).removeprefix("torch.") if hasattr(model, "kv_storage") else None
                     rows = curve(model, ks, contexts)
                     for c, row in rows.items():
                         for k, sec in row.items():
@@ -137,11 +140,11 @@ def main() -> None:
                                         which == "target" and args.random_target),
                                     "seconds": sec, "bound_seconds": bound, "bandwidth": bandwidth,
                                     "compute_seconds": k * per_token, "flops": throughput[dtype],
-                                    "compile_seconds": model.compile_seconds}
+                                    "compile_seconds": model.compile_seconds, "kv_storage": storage}
                             out.write(json.dumps(line) + "\n")
                         out.flush()
                         t1 = row[ks[0]]
-                        print(f"{which} {engine} {dtype} c={c}: " + " ".join(
+                        print(f"{which} {engine} {dtype} (cache {storage}) c={c}: " + " ".join(
                             f"T({k})={1000 * s:.1f}ms" for k, s in row.items()) +
                             f" | T(1)/bound {t1 / bound:.2f}, T(16)/T(1) "
                             f"{row.get(16, float('nan')) / t1:.2f} (floor {max(1.0, 16 * per_token / bound):.2f})",

@@ -95,6 +95,8 @@ class ModelRunner:
     def __init__(self, model: LanguageModel, batch_invariant: bool = True):
         self.model = model
         self.batch_invariant = batch_invariant  # passed to every forward (a draft's runner: False)
+        if batch_invariant and hasattr(model, "prepare"):
+            model.prepare()  # a target's kernels, which its cache's storage follows
         self.cache = model.new_cache()
         self.committed = 0  # committed tokens held in the cache
         self.tentative = 0  # proposed entries after them

@@ -227,7 +227,7 @@ def test_the_attention_is_softmax_attention_in_float32(kernel):
 def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads, dim, tokens, past):
     # the rows that share a key head are attended in blocks (their scores 16 keys at a time, a value loaded once
     # for the block), whose size follows the number of rows; each row's sums keep one order, so a row fed with
-    # others gets the bits it gets alone, and softmax attention's value
+    # others gets the bits it gets alone, and softmax attention's value, from float32 or bfloat16 keys and values
     gen = torch.Generator().manual_seed(heads + tokens)
     width = past + tokens
     query = torch.randn(1, heads, tokens, dim, generator=gen).bfloat16()
@@ -240,12 +240,16 @@ def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads,
     together = dpbf16.attend(query, keys, values, mask, dim, 0.125)
     exact = _attention_reference(query, keys[:, :, :width], values[:, :, :width, :dim], mask, 0.125)
     assert torch.allclose(together.double(), exact, atol=1e-2, rtol=1e-2)
+    # a bfloat16 cache holding the same numbers (a bfloat16 model's keys and values are bfloat16) gives the same bits
+    keys, values = keys.bfloat16().float(), values.bfloat16().float()
+    together = dpbf16.attend(query, keys, values, mask, dim, 0.125)
+    assert torch.equal(dpbf16.attend(query, keys.bfloat16(), values.bfloat16(), mask, dim, 0.125), together)
     group = heads // kv_heads
     for head in range(heads):
         kv = slice(head // group, head // group + 1)
         for token in range(tokens):
-            alone = dpbf16.attend(query[:, head : head + 1, token : token + 1], keys[:, kv], values[:, kv],
-                                  mask[:, :, token : token + 1], dim, 0.125)
+            alone = dpbf16.attend(query[:, head : head + 1, token : token + 1], keys[:, kv].bfloat16(),
+                                  values[:, kv].bfloat16(), mask[:, :, token : token + 1], dim, 0.125)
             assert torch.equal(alone[0, 0, 0], together[0, head, token]), (head, token)
 
 
@@ -286,6 +290,32 @@ def test_the_attention_gives_a_tree_node_the_bits_of_a_chain_step(kernel):
 
     if _tree_and_chain(traced) and _tree_and_chain(traced, past=1000):
         pytest.skip("this machine's float32 products give the same bits either way: the wrong variant shows nothing")
+
+
+def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kernel, tmp_path, monkeypatch):
+    # where a target's steps attend through our kernel, its runner's cache holds bfloat16 (its keys and values are
+    # bfloat16 numbers): half the bytes a step reads, and the logits a float32 cache gives, bit for bit
+    from multispec.engine import ModelRunner
+    from multispec.models import static
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    monkeypatch.setattr(hf, "EXACT_TOLERANCE", 1e9)  # the batch-invariant steps, whatever they cost here
+    model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
+    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in hf.VARIANTS}}
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
+    assert model.new_cache().key_buffers[0].dtype == torch.float32  # undecided: a draft's cache, say
+    runner = ModelRunner(model)  # a target's runner decides the kernels before it makes its cache
+    assert model.kernel == hf.INVARIANT and model.invariant_kind() == hf.INVARIANT_DPBF16
+    assert {b.dtype for b in (*runner.cache.key_buffers, *runner.cache.value_buffers)} == {torch.bfloat16}
+    wide = static.StaticKV(model.kv_shapes, model.dtype, model.device, storage=torch.float32)
+    steps = [torch.tensor([PROMPT]), torch.tensor([[9]]), torch.tensor([[9, 4, 33]]), torch.tensor([[5, 1]])]
+    for tokens in steps:
+        half = model.forward(runner.cache, tokens, logits_to_keep=tokens.shape[1])
+        assert torch.equal(half, model.forward(wide, tokens, logits_to_keep=tokens.shape[1]))
+    assert torch.equal(runner.cache.held()[0][0].float(), wide.held()[0][0])
+    # a float32 model keeps a float32 cache
+    assert HFModel(tiny_llama(seed=6).model, None, compile=True).kv_storage() == torch.float32
 
 
 @pytest.mark.parametrize("tolerance", [1e9, 0.0])

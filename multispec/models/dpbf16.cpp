@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -186,6 +187,13 @@ void attend_row(const float* q, const float* keys, int64_t ldk, const float* val
   for (int64_t v = 0; v < vectors; ++v) _mm512_storeu_ps(out + 16 * v, _mm512_div_ps(acc[v], norm));
 }
 
+// 16 float32 lanes from a cache's entries: float32 as they are, bfloat16 widened (exactly)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
 // lane i: the sum of the 16 lanes of a[i], added in the order `_mm512_reduce_add_ps` adds one vector's lanes
 // (the halves, then the quarters, then lanes (0, 2) and (1, 3), then those two), for 16 vectors at once
 inline __m512 lane_sums(const __m512* a) {
@@ -211,18 +219,33 @@ inline __m512 lane_sums(const __m512* a) {
 // `attend_row` for R query rows that read the same keys and values (the query heads of one key head, and their
 // tokens), with d = dv = 16 V: a row's scores come 16 keys at a time (`lane_sums`), and each value vector is
 // loaded once for the R rows. Each row's sums run in `attend_row`'s order, so a row gets the same bits in a block
-// of any size. `scores` holds R rows of `width` rounded up to 16.
-template <int R, int V>
-void attend_rows(const float* const* q, const float* keys, int64_t ldk, const float* values, int64_t ldv,
+// of any size. `scores` holds R rows of `width` rounded up to 16. Keys and values are float32 or bfloat16 (a cache
+// of a bfloat16 model holds bfloat16 numbers: widened, they are the float32 ones); a block of 16 bfloat16 keys is
+// widened once for the R rows.
+template <int R, int V, typename T>
+void attend_rows(const float* const* q, const T* keys, int64_t ldk, const T* values, int64_t ldv,
                  const float* const* mask, int64_t mask_stride, int64_t width, float scaling, float* scores,
                  float* const* out) {
   const int64_t padded = (width + 15) / 16 * 16;
   const __m512 scale = _mm512_set1_ps(scaling);
   __m512 top[R];
   for (int r = 0; r < R; ++r) top[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  constexpr bool wide = std::is_same<T, float>::value;
+  alignas(64) float widened[wide ? 1 : 16 * 16 * V];
   for (int64_t j = 0; j < width; j += 16) {
     const int64_t count = std::min<int64_t>(16, width - j);
     const __mmask16 valid = static_cast<__mmask16>(count == 16 ? 0xFFFF : (1u << count) - 1);
+    const float* block;
+    int64_t ld;
+    if constexpr (wide) {
+      block = reinterpret_cast<const float*>(keys + j * ldk);
+      ld = ldk;
+    } else {
+      for (int64_t i = 0; i < count; ++i)
+        for (int v = 0; v < V; ++v) _mm512_store_ps(widened + i * 16 * V + 16 * v, load16(keys + (j + i) * ldk + 16 * v));
+      block = widened;
+      ld = 16 * V;
+    }
     for (int r = 0; r < R; ++r) {
       __m512 query[V];
       for (int v = 0; v < V; ++v) query[v] = _mm512_loadu_ps(q[r] + 16 * v);
@@ -232,7 +255,7 @@ void attend_rows(const float* const* q, const float* keys, int64_t ldk, const fl
           dots[i] = _mm512_setzero_ps();
           continue;
         }
-        const float* k = keys + (j + i) * ldk;
+        const float* k = block + i * ld;
         __m512 acc = _mm512_mul_ps(query[0], _mm512_loadu_ps(k));
         for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(query[v], _mm512_loadu_ps(k + 16 * v), acc);
         dots[i] = acc;
@@ -269,9 +292,9 @@ void attend_rows(const float* const* q, const float* keys, int64_t ldk, const fl
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < width; ++j) {
-    const float* value = values + j * ldv;
+    const T* value = values + j * ldv;
     __m512 vector[V];
-    for (int v = 0; v < V; ++v) vector[v] = _mm512_loadu_ps(value + 16 * v);
+    for (int v = 0; v < V; ++v) vector[v] = load16(value + 16 * v);
     for (int r = 0; r < R; ++r) {
       const float w = scores[r * padded + j];
       if (w == 0.0f) continue;
@@ -290,29 +313,72 @@ void attend_rows(const float* const* q, const float* keys, int64_t ldk, const fl
 // 32 vector registers); 0: no blocked form (`attend_row` takes every row alone)
 constexpr int64_t block_rows(int64_t vectors) { return vectors == 4 ? 6 : vectors == 8 ? 3 : 0; }
 
-template <int V>
-void attend_block(int64_t rows, const float* const* q, const float* keys, int64_t ldk, const float* values,
+template <int V, typename T>
+void attend_block(int64_t rows, const float* const* q, const T* keys, int64_t ldk, const T* values,
                   int64_t ldv, const float* const* mask, int64_t mask_stride, int64_t width, float scaling,
                   float* scores, float* const* out) {
   switch (rows) {
-    case 1: attend_rows<1, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
-    case 2: attend_rows<2, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
-    case 3: attend_rows<3, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
-    case 4: attend_rows<4, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
-    case 5: attend_rows<5, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
-    default: attend_rows<6, V>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out);
+    case 1: attend_rows<1, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 2: attend_rows<2, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 3: attend_rows<3, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 4: attend_rows<4, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    case 5: attend_rows<5, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out); break;
+    default: attend_rows<6, V, T>(q, keys, ldk, values, ldv, mask, mask_stride, width, scaling, scores, out);
   }
 }
 
-// query [B, Hq, n, d], float32 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] (a cache's buffers: the
-// first K slots are read, K = the mask's last size), additive float32 mask [B, 1, n, K] (may be broadcast), out
-// [B, Hq, n, dv] in the query's type; query head h attends with key head h / (Hq / Hkv)
+// `attend`'s blocked form over keys and values of type T (see there): one item per block of the `group * n` rows
+// (query head, token) that read one key head of one batch row, at least two blocks a thread where the rows allow,
+// so that threads share the work evenly
+template <typename T>
+void attend_blocks(const float* qp, const T* kp, const at::Tensor& keys, const T* vp, const at::Tensor& values,
+                   const float* mp, const at::Tensor& mask, float* op, int64_t b, int64_t hq, int64_t hk, int64_t n,
+                   int64_t d, int64_t width, int64_t most, float scale) {
+  const int64_t group = hq / hk, rows = group * n, heads = b * hk;
+  const int64_t wanted = (2 * at::get_num_threads() + heads - 1) / heads;
+  const int64_t blocks = std::min(rows, std::max((rows + most - 1) / most, wanted));
+  const int64_t size = (rows + blocks - 1) / blocks;
+  at::parallel_for(0, heads * blocks, 1, [&](int64_t start, int64_t end) {
+    std::vector<float> scores(size * ((width + 15) / 16 * 16));
+    const float* qs[6];
+    const float* ms[6];
+    float* os[6];
+    for (int64_t item = start; item < end; ++item) {
+      const int64_t head = item / blocks, first = (item % blocks) * size;
+      const int64_t count = std::min(size, rows - first);
+      if (count <= 0) continue;
+      const int64_t r = head / hk, kh = head % hk;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t h = kh * group + (first + i) / n, t = (first + i) % n;
+        const int64_t index = (r * hq + h) * n + t;
+        qs[i] = qp + index * d;
+        ms[i] = mp + r * mask.stride(0) + t * mask.stride(2);
+        os[i] = op + index * d;
+      }
+      const T* kb = kp + r * keys.stride(0) + kh * keys.stride(1);
+      const T* vb = vp + r * values.stride(0) + kh * values.stride(1);
+      if (d == 64)
+        attend_block<4, T>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
+                           scores.data(), os);
+      else
+        attend_block<8, T>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
+                           scores.data(), os);
+    }
+  });
+}
+
+// query [B, Hq, n, d], float32 or bfloat16 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] of one type (a
+// cache's buffers: the first K slots are read, K = the mask's last size), additive float32 mask [B, 1, n, K] (may
+// be broadcast), out [B, Hq, n, dv] in the query's type; query head h attends with key head h / (Hq / Hkv).
+// bfloat16 keys and values are widened to float32 exactly: the same numbers held in float32 give the same bits.
 at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                   int64_t dv, double scaling) {
   TORCH_CHECK(query.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && mask.dim() == 4,
               "multispec_dpbf16::attend: 4-dimensional query, keys, values and mask");
-  TORCH_CHECK(keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat,
-              "multispec_dpbf16::attend: float32 keys, values and mask");
+  const auto type = keys.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && values.scalar_type() == type &&
+              mask.scalar_type() == at::kFloat,
+              "multispec_dpbf16::attend: float32 or bfloat16 keys and values of one type, and a float32 mask");
   const int64_t b = query.size(0), hq = query.size(1), n = query.size(2), d = query.size(3);
   const int64_t hk = keys.size(1), width = mask.size(3);
   TORCH_CHECK(d % 16 == 0 && dv % 16 == 0 && dv <= 256 && keys.size(3) == d && values.size(3) >= dv,
@@ -323,57 +389,31 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Ten
               "contiguous in their last dimension");
   const at::Tensor q = query.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({b, hq, n, dv}, q.options());
-  const int64_t group = hq / hk;
   const float* qp = q.data_ptr<float>();
-  const float* kp = keys.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
   const float* mp = mask.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
   const int64_t most = d == dv ? block_rows(dv / 16) : 0;
-  if (most == 0) {  // one item per (batch row, query head, token)
+  if (most > 0 && type == at::kBFloat16) {
+    attend_blocks(qp, keys.data_ptr<at::BFloat16>(), keys, values.data_ptr<at::BFloat16>(), values, mp, mask, op, b,
+                  hq, hk, n, d, width, most, scale);
+  } else if (most > 0) {
+    attend_blocks(qp, keys.data_ptr<float>(), keys, values.data_ptr<float>(), values, mp, mask, op, b, hq, hk, n, d,
+                  width, most, scale);
+  } else {  // one item per (batch row, query head, token), over float32 keys and values
+    const at::Tensor k = type == at::kFloat ? keys : keys.narrow(2, 0, width).to(at::kFloat);
+    const at::Tensor v = type == at::kFloat ? values : values.narrow(2, 0, width).to(at::kFloat);
+    const int64_t group = hq / hk;
+    const float* kp = k.data_ptr<float>();
+    const float* vp = v.data_ptr<float>();
     at::parallel_for(0, b * hq * n, 1, [&](int64_t start, int64_t end) {
       std::vector<float> scores(width);
       for (int64_t item = start; item < end; ++item) {
         const int64_t t = item % n, h = (item / n) % hq, r = item / (n * hq);
-        attend_row(qp + item * d, kp + r * keys.stride(0) + (h / group) * keys.stride(1), keys.stride(2),
-                   vp + r * values.stride(0) + (h / group) * values.stride(1), values.stride(2),
+        attend_row(qp + item * d, kp + r * k.stride(0) + (h / group) * k.stride(1), k.stride(2),
+                   vp + r * v.stride(0) + (h / group) * v.stride(1), v.stride(2),
                    mp + r * mask.stride(0) + t * mask.stride(2), mask.stride(3), width, d, dv, scale,
                    scores.data(), op + item * dv);
-      }
-    });
-  } else {
-    // one item per block of the `group * n` rows (query head, token) that read one key head of one batch row:
-    // at least two blocks a thread where the rows allow, so that threads share the work evenly
-    const int64_t rows = group * n, heads = b * hk;
-    const int64_t wanted = (2 * at::get_num_threads() + heads - 1) / heads;
-    const int64_t blocks = std::min(rows, std::max((rows + most - 1) / most, wanted));
-    const int64_t size = (rows + blocks - 1) / blocks;
-    at::parallel_for(0, heads * blocks, 1, [&](int64_t start, int64_t end) {
-      std::vector<float> scores(size * ((width + 15) / 16 * 16));
-      const float* qs[6];
-      const float* ms[6];
-      float* os[6];
-      for (int64_t item = start; item < end; ++item) {
-        const int64_t head = item / blocks, first = (item % blocks) * size;
-        const int64_t count = std::min(size, rows - first);
-        if (count <= 0) continue;
-        const int64_t r = head / hk, kh = head % hk;
-        for (int64_t i = 0; i < count; ++i) {
-          const int64_t h = kh * group + (first + i) / n, t = (first + i) % n;
-          const int64_t index = (r * hq + h) * n + t;
-          qs[i] = qp + index * d;
-          ms[i] = mp + r * mask.stride(0) + t * mask.stride(2);
-          os[i] = op + index * dv;
-        }
-        const float* kb = kp + r * keys.stride(0) + kh * keys.stride(1);
-        const float* vb = vp + r * values.stride(0) + kh * values.stride(1);
-        if (dv == 64)
-          attend_block<4>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
-                          scores.data(), os);
-        else
-          attend_block<8>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, mask.stride(3), width, scale,
-                          scores.data(), os);
       }
     });
   }

@@ -157,8 +157,9 @@ def _attended(query, keys, values, mask, dv, scaling):
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dv: int,
            scaling: float) -> torch.Tensor:
     """Softmax attention in float32 with every sum in one order (`dpbf16.cpp`, `attend_row`): query [B, Hq, n,
-    d], float32 keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] (the first K slots are read, K =
-    mask.shape[-1]), additive float32 mask [B, 1, n, K] -> [B, Hq, n, dv] in the query's type. A row's output
+    d], keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] of one type, float32 or bfloat16 (widened exactly as
+    they are read; the first K slots are read, K = mask.shape[-1]), additive float32 mask [B, 1, n, K] -> [B, Hq,
+    n, dv] in the query's type. A row's output
     depends only on the keys it sees with a weight above 0, in their slot order: not on the other rows, nor on
     masked slots between them, so a tree node gets a chain step's bits."""
     return torch.ops.multispec_dpbf16.attend(query, keys, values, mask, dv, scaling)

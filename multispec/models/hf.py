@@ -402,7 +402,26 @@ class HFModel(LanguageModel):
     def new_cache(self) -> Any:
         if not self.static:
             return self._new_dynamic()
-        return static.StaticKV(self.kv_shapes, self.dtype, self.device)
+        return static.StaticKV(self.kv_shapes, self.dtype, self.device, storage=self.kv_storage())
+
+    def kv_storage(self) -> torch.dtype:
+        """The type the static cache holds: bfloat16 where this model's steps are the batch-invariant ones on our
+        kernels, whose attention (`dpbf16.attend`) reads bfloat16 as it reads float32 (a bfloat16 model's keys and
+        values are bfloat16 numbers: the same bits, half the bytes), else float32. Decided by the steps' kernels,
+        as they stand when the cache is made (`prepare`)."""
+        softcap = getattr(self.model.config, "attn_logit_softcapping", None)  # (attends through `static.attend`)
+        if (self.compile and self.dtype == torch.bfloat16 and self.device.type == "cpu" and self.kernel == INVARIANT
+                and self._invariant_kind == INVARIANT_DPBF16 and not softcap
+                and all(dpbf16.attends(k[3], v[3]) for k, v, _ in self.kv_shapes)):
+            return torch.bfloat16
+        return torch.float32
+
+    def prepare(self) -> None:
+        """Decide the compiled steps' kernels now, before a cache is made for batch-invariant decoding (a target's
+        runner): its storage follows them (`kv_storage`). Deciding runs once per machine and is kept."""
+        if self.compile and self.static and self.device.type == "cpu":
+            if self.resolve_kernel() == INVARIANT:
+                self.invariant_kind()
 
     def crop(self, cache, length: int) -> None:
         if not self.static:
@@ -743,7 +762,9 @@ class HFModel(LanguageModel):
         if on_dpbf16(kind) and self.offers(DPBF16) is not None:
             raise ValueError(f"kernel {kind!r} does not run here: {self.offers(DPBF16)}")
         if self._packaging():
-            step = self._packages.get((kind, shape)) or self._package(kind, shape, args, kernels, t0)
+            # a package takes the cache's buffers in the type they were exported with: one per storage type
+            stored = kind if args[4][0].dtype == torch.float32 else f"{kind}-kv-{str(args[4][0].dtype)[6:]}"
+            step = self._packages.get((stored, shape)) or self._package(kind, shape, args, kernels, t0, stored)
             if step is not None:
                 ids, positions, masks, slots, keys, values = args
                 masks = {k: m.contiguous() for k, m in masks.items()} if isinstance(masks, dict) else masks.contiguous()
@@ -843,11 +864,12 @@ class HFModel(LanguageModel):
             self._weights_key = packaged.weights_fingerprint(self.model)
         return f"{_kernel_key(self)}|weights={self._weights_key}"
 
-    def _package(self, kind, shape, args, kernels, t0):
+    def _package(self, kind, shape, args, kernels, t0, stored=None):
         """This shape's compiled step in variant `kind`, loaded from this machine's packages or compiled into
-        one (a one-time cost either way); None where the model does not export (it is then compiled in
-        memory, per process, by torch.compile)."""
-        path = packaged.path_for(self._package_key(), kind, shape)
+        one (a one-time cost either way), kept as `stored` (the variant and the cache's storage type); None where
+        the model does not export (it is then compiled in memory, per process, by torch.compile)."""
+        stored = stored or kind
+        path = packaged.path_for(self._package_key(), stored, shape)
         step = packaged.load(path)  # (our kernel's operator is loaded by then: `offers`, in `_call_compiled`)
         what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
         if step is None:
@@ -881,7 +903,7 @@ class HFModel(LanguageModel):
         else:
             note(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s")
         self.compile_seconds += time.perf_counter() - t0
-        self._packages[(kind, shape)] = step
+        self._packages[(stored, shape)] = step
         return step
 
     # -- transformers' DynamicCache, for families that cannot use the static one -------------------

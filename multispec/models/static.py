@@ -8,7 +8,8 @@ mask's last dimension. So:
 - a rollback is a length change, and a tree commit moves only the accepted entries (`StaticKV.keep`);
 - every forward has the same shapes for the same number of new tokens and rows, which is what a compiled
   step needs (`HFModel` pads new tokens to buckets of 1, 2, 4, 8, ...);
-- attention is computed, and the cache held, in float32 whatever the weights' type, and on the eager path a
+- attention is computed in float32 whatever the weights' type (the cache is held in float32, or in bfloat16
+  for a bfloat16 model whose steps attend through our kernel: `StaticKV`), and on the eager path a
   token's output does not depend on how many tokens were scored with it, or where a tree put them
   (`_attend_block`); a compiled step traces plain softmax attention into its graph instead (`attend_traced`:
   fused, not batch-invariant, as the rest of a compiled step is not), unless it is the batch-invariant one
@@ -66,7 +67,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys.index_copy_(2, slots, key.to(keys.dtype))
         # whole entries, ones included, into the buffer itself: a compiled step that writes into a view of it
         # (the values without their ones) copies the whole buffer, a cost that grows with the capacity
-        values.index_copy_(2, slots, with_ones(value))
+        values.index_copy_(2, slots, with_ones(value, values.dtype))
         width = attention_mask.shape[-1]
         fused = kwargs.get("ms_fused", 0)
         split = kwargs.get("ms_splits")
@@ -103,13 +104,14 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
-    """query [B, Hq, n, d], float32 keys [B, Hkv, K, d] and values [B, Hkv, K, dv], additive mask [B, 1, n, K]
-    -> [B, Hq, n, dv] in the query's type: softmax attention in float32, grouped queries without repeating
+    """query [B, Hq, n, d], keys [B, Hkv, K, d] and values [B, Hkv, K, dv] (float32, or a bfloat16 cache's), additive
+    mask [B, 1, n, K] -> [B, Hq, n, dv] in the query's type: softmax attention in float32, grouped queries without repeating
     keys, for tracing into a compiled graph."""
     b, hq, n, d = query.shape
     hk = keys.shape[1]
     group = hq // hk
     q = query.float().reshape(b, hk, group * n, d)
+    keys, values = keys.float(), values.float()  # a bfloat16 cache's numbers, exactly (float32: as they are)
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scaling  # [B, Hkv, group * n, K]
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -124,10 +126,10 @@ def whole_blocks(width: int) -> int:
     return -(-width // KEY_BLOCK) * KEY_BLOCK
 
 
-def with_ones(values: torch.Tensor) -> torch.Tensor:
-    """[..., K, dv] -> float32 [..., K, dv + 1]: the values beside a column of ones, the layout `attend` takes
+def with_ones(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[..., K, dv] -> [..., K, dv + 1] in `dtype`: the values beside a column of ones, the layout `attend` takes
     (the ones make the softmax normaliser part of the same product)."""
-    return torch.cat([values.float(), values.new_ones(*values.shape[:-1], 1, dtype=torch.float32)], -1)
+    return torch.cat([values.to(dtype), values.new_ones(*values.shape[:-1], 1, dtype=dtype)], -1)
 
 
 # An opaque operator in compiled graphs: inductor calls it as it is, so the key length may change from step
@@ -135,7 +137,8 @@ def with_ones(values: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("multispec::attend", mutates_args=())
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            scaling: float, softcap: float, split: torch.Tensor | None = None) -> torch.Tensor:
-    """query [B, Hq, n, d], float32 keys [B, Hkv, K, d], float32 values with ones [B, Hkv, K', dv + 1]
+    """query [B, Hq, n, d], keys [B, Hkv, K, d] and values with ones [B, Hkv, K', dv + 1] (float32, or bfloat16
+    widened here)
     (`with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
     additive float mask [B, 1, n, K], optionally each query's split [B, n] (`splits`) -> [B, Hq, n, dv],
     computed in float32 whatever the query's type (torch's fused kernel is slower than this for a few queries on
@@ -143,6 +146,7 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     be longer (a cache's buffers): the slots past the mask's K are not read."""
     if mask is not None and keys.shape[2] > mask.shape[-1]:
         keys, values = keys[:, :, : mask.shape[-1]], values[:, :, : whole_blocks(mask.shape[-1])]
+    keys, values = keys.float(), values.float()  # a bfloat16 cache's numbers, exactly (float32: as they are)
     n = query.shape[2]
     if n <= QUERY_CHUNK:
         return _attend_block(query, keys, values, mask, scaling, softcap, split=split)
@@ -328,9 +332,11 @@ def stock_attention(*models):
 
 
 class StaticKV:
-    """Preallocated keys and values for one model, in float32 (the type attention runs in, so no layer
-    converts its cache at every step): per layer keys [rows, kv_heads, capacity, head_dim] and values beside
-    a column of ones [rows, kv_heads, capacity, head_dim + 1] (`with_ones`).
+    """Preallocated keys and values for one model, in `storage`: float32 by default (the type attention runs
+    in, so no layer converts its cache at every step), or bfloat16 for a bfloat16 model whose steps attend through
+    our kernel (`dpbf16.attend` widens them as it reads: half the bytes a step reads, the same numbers, since a
+    bfloat16 model's keys and values are bfloat16). Per layer keys [rows, kv_heads, capacity, head_dim] and values
+    beside a column of ones [rows, kv_heads, capacity, head_dim + 1] (`with_ones`).
 
     Layers of the same shapes on the same device share one buffer [layers, rows, heads, capacity, d], and
     `keys` / `values` are its per-layer views: a commit or a row reorder is then a few torch calls, not a
@@ -341,8 +347,8 @@ class StaticKV:
     keeps each entry's position id for sliding-window masks."""
 
     def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...], torch.device]], dtype: torch.dtype,
-                 device: torch.device, capacity: int = KEY_BLOCK):
-        self.shapes, self.dtype, self.device = shapes, dtype, device
+                 device: torch.device, capacity: int = KEY_BLOCK, storage: torch.dtype = torch.float32):
+        self.shapes, self.dtype, self.device, self.storage = shapes, dtype, device, storage
         self.length = 0
         self.rows = 1
         self.capacity = 0
@@ -374,7 +380,7 @@ class StaticKV:
 
         def grow(old: torch.Tensor | None, layers: int, heads: int, dim: int, device, ones: bool) -> torch.Tensor:
             # zeros, not empty: slots past the held entries are multiplied by weight 0 (whole key blocks)
-            new = torch.zeros((layers, rows, heads, capacity, dim + ones), dtype=torch.float32, device=device)
+            new = torch.zeros((layers, rows, heads, capacity, dim + ones), dtype=self.storage, device=device)
             if ones:
                 new[..., -1] = 1.0
             if old is not None and keep:
@@ -404,7 +410,7 @@ class StaticKV:
         self.capacity, self.rows = capacity, rows
 
     def held(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the held keys and values [rows, heads, length, d] (float32 views)."""
+        """Per layer, the held keys and values [rows, heads, length, d] (views, in `storage`)."""
         n = self.length
         return [(k[:, :, :n], v[:, :, :n, :-1]) for k, v in zip(self.keys, self.values, strict=True)]
 
