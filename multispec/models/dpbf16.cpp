@@ -230,22 +230,15 @@ void attend_rows(const float* const* q, const T* keys, int64_t ldk, const T* val
   const __m512 scale = _mm512_set1_ps(scaling);
   __m512 top[R];
   for (int r = 0; r < R; ++r) top[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  constexpr bool wide = std::is_same<T, float>::value;
-  alignas(64) float widened[wide ? 1 : 16 * 16 * V];
+  // bfloat16 keys are widened once into `widened` for a block of 3 rows or more; fewer rows widen each as they read
+  constexpr bool once = !std::is_same<T, float>::value && R >= 3;
+  alignas(64) float widened[once ? 16 * 16 * V : 1];
   for (int64_t j = 0; j < width; j += 16) {
     const int64_t count = std::min<int64_t>(16, width - j);
     const __mmask16 valid = static_cast<__mmask16>(count == 16 ? 0xFFFF : (1u << count) - 1);
-    const float* block;
-    int64_t ld;
-    if constexpr (wide) {
-      block = reinterpret_cast<const float*>(keys + j * ldk);
-      ld = ldk;
-    } else {
+    if constexpr (once)
       for (int64_t i = 0; i < count; ++i)
         for (int v = 0; v < V; ++v) _mm512_store_ps(widened + i * 16 * V + 16 * v, load16(keys + (j + i) * ldk + 16 * v));
-      block = widened;
-      ld = 16 * V;
-    }
     for (int r = 0; r < R; ++r) {
       __m512 query[V];
       for (int v = 0; v < V; ++v) query[v] = _mm512_loadu_ps(q[r] + 16 * v);
@@ -255,9 +248,16 @@ void attend_rows(const float* const* q, const T* keys, int64_t ldk, const T* val
           dots[i] = _mm512_setzero_ps();
           continue;
         }
-        const float* k = block + i * ld;
-        __m512 acc = _mm512_mul_ps(query[0], _mm512_loadu_ps(k));
-        for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(query[v], _mm512_loadu_ps(k + 16 * v), acc);
+        __m512 acc;
+        if constexpr (once) {
+          const float* k = widened + i * 16 * V;
+          acc = _mm512_mul_ps(query[0], _mm512_load_ps(k));
+          for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(query[v], _mm512_load_ps(k + 16 * v), acc);
+        } else {
+          const T* k = keys + (j + i) * ldk;
+          acc = _mm512_mul_ps(query[0], load16(k));
+          for (int v = 1; v < V; ++v) acc = _mm512_fmadd_ps(query[v], load16(k + 16 * v), acc);
+        }
         dots[i] = acc;
       }
       __m512 added;
