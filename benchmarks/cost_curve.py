@@ -66,22 +66,23 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in hf.parameters() if tied or p is not embed)
 
 
-def curve(model, ks, contexts, rounds=5):
+def curve(model, ks, contexts, rounds=5, batch_invariant=True):
+    """`batch_invariant`: the steps a target runs; a draft's (False) are the fast ones, as drafting runs them."""
     rows = {}
     gen = torch.Generator().manual_seed(0)
     for c in contexts:
         cache = model.new_cache()
-        model.forward(cache, torch.randint(model.vocab_size, (1, c), generator=gen))
+        model.forward(cache, torch.randint(model.vocab_size, (1, c), generator=gen), batch_invariant=batch_invariant)
         times = {k: [] for k in ks}
         for k in ks:  # first call of a shape: a compile or a capture, not timed
-            model.forward(cache, torch.randint(model.vocab_size, (1, k), generator=gen))
+            model.forward(cache, torch.randint(model.vocab_size, (1, k), generator=gen), batch_invariant=batch_invariant)
             model.crop(cache, c)
         for _ in range(rounds):
             for k in ks:
                 tokens = torch.randint(model.vocab_size, (1, k), generator=gen)
                 sync(model.device)
                 t0 = time.perf_counter()
-                model.forward(cache, tokens)
+                model.forward(cache, tokens, batch_invariant=batch_invariant)
                 sync(model.device)
                 times[k].append(time.perf_counter() - t0)
                 model.crop(cache, c)
@@ -132,7 +133,7 @@ def main() -> None:
                     if which == "target" and hasattr(model, "prepare"):
                         model.prepare()  # its kernels, and so its cache's storage, as a target's runner decides them
                     storage = str(model.kv_storage()).removeprefix("torch.") if hasattr(model, "kv_storage") else None
-                    rows = curve(model, ks, contexts)
+                    rows = curve(model, ks, contexts, batch_invariant=which != "draft")
                     for c, row in rows.items():
                         for k, sec in row.items():
                             line = {"model": which, "engine": engine, "dtype": dtype, "context": c, "k": k,
