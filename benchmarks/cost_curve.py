@@ -130,7 +130,7 @@ def main() -> None:
                     element = next(model.model.parameters()).element_size()
                     per_token = 2 * weight_bytes(model) / element / throughput[dtype]  # compute floor, one token
                     t0 = time.perf_counter()
-                    if which == "target" and hasattr(model, "prepare"):
+                    if which == "target":
                         model.prepare()  # its kernels, and so its cache's storage, as a target's runner decides them
                     storage = str(model.kv_storage()).removeprefix("torch.") if hasattr(model, "kv_storage") else None
                     rows = curve(model, ks, contexts, batch_invariant=which != "draft")

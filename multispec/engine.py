@@ -95,7 +95,7 @@ class ModelRunner:
     def __init__(self, model: LanguageModel, batch_invariant: bool = True):
         self.model = model
         self.batch_invariant = batch_invariant  # passed to every forward (a draft's runner: False)
-        if batch_invariant and hasattr(model, "prepare"):
+        if batch_invariant:
             model.prepare()  # a target's kernels, which its cache's storage follows
         self.cache = model.new_cache()
         self.committed = 0  # committed tokens held in the cache

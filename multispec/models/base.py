@@ -38,6 +38,11 @@ class LanguageModel(ABC):
     def new_cache(self) -> Any:
         """An empty cache."""
 
+    def prepare(self) -> None:
+        """Settle, before a cache is made for batch-invariant scoring (a target's), whatever the cache depends on
+        (a backend's kernels, say). Nothing by default."""
+        return None
+
 
     @abstractmethod
     def forward(

@@ -256,7 +256,7 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
     where a larger bucket ran faster (autotuning may pick a slower kernel for a smaller one), an unmasked
     measurement routes the smaller bucket's forwards to it (the model's `bucket_route`), and the curve says what the
     routed forwards cost."""
-    if batch_invariant and hasattr(model, "prepare"):
+    if batch_invariant:
         model.prepare()  # a target's kernels, and so its cache's storage, as a target's runner decides them
     padded = padded_tokens(model)
     route = getattr(model, "bucket_route", None)

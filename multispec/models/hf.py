@@ -417,8 +417,8 @@ class HFModel(LanguageModel):
         return torch.float32
 
     def prepare(self) -> None:
-        """Decide the compiled steps' kernels now, before a cache is made for batch-invariant decoding (a target's
-        runner): its storage follows them (`kv_storage`). Deciding runs once per machine and is kept."""
+        """Decide the compiled steps' kernels now (a target's runner, before it makes its cache): the cache's
+        storage follows them (`kv_storage`). Deciding runs once per machine and is kept."""
         if self.compile and self.static and self.device.type == "cpu":
             if self.resolve_kernel() == INVARIANT:
                 self.invariant_kind()
@@ -763,7 +763,8 @@ class HFModel(LanguageModel):
             raise ValueError(f"kernel {kind!r} does not run here: {self.offers(DPBF16)}")
         if self._packaging():
             # a package takes the cache's buffers in the type they were exported with: one per storage type
-            stored = kind if args[4][0].dtype == torch.float32 else f"{kind}-kv-{str(args[4][0].dtype)[6:]}"
+            storage = args[4][0].dtype
+            stored = kind if storage == torch.float32 else f"{kind}-kv-{str(storage).removeprefix('torch.')}"
             step = self._packages.get((stored, shape)) or self._package(kind, shape, args, kernels, t0, stored)
             if step is not None:
                 ids, positions, masks, slots, keys, values = args

@@ -104,9 +104,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:
-    """query [B, Hq, n, d], keys [B, Hkv, K, d] and values [B, Hkv, K, dv] (float32, or a bfloat16 cache's), additive
-    mask [B, 1, n, K] -> [B, Hq, n, dv] in the query's type: softmax attention in float32, grouped queries without repeating
-    keys, for tracing into a compiled graph."""
+    """query [B, Hq, n, d], keys [B, Hkv, K, d] and values [B, Hkv, K, dv] (float32, or a bfloat16 cache's),
+    additive mask [B, 1, n, K] -> [B, Hq, n, dv] in the query's type: softmax attention in float32, grouped queries
+    without repeating keys, for tracing into a compiled graph."""
     b, hq, n, d = query.shape
     hk = keys.shape[1]
     group = hq // hk
@@ -138,8 +138,7 @@ def with_ones(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
            scaling: float, softcap: float, split: torch.Tensor | None = None) -> torch.Tensor:
     """query [B, Hq, n, d], keys [B, Hkv, K, d] and values with ones [B, Hkv, K', dv + 1] (float32, or bfloat16
-    widened here)
-    (`with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
+    widened here; `with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
     additive float mask [B, 1, n, K], optionally each query's split [B, n] (`splits`) -> [B, Hq, n, dv],
     computed in float32 whatever the query's type (torch's fused kernel is slower than this for a few queries on
     a CPU; with splits, the slots from a query's split on in float64), cast to the query's. Keys and values may
