@@ -156,8 +156,9 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     assert (compiled.forward(cc, step) - want).abs().max() < 0.05 * want.abs().max()
     (entry,) = json.loads((tmp_path / "compiled_kernels.json").read_text()).values()
     timed = entry["1x4"]["step_ms"]
-    # only the stored choice and our kernel are raced (and its concatenated form, where it wins)
-    assert {"onednn", "dpbf16"} <= set(timed) <= {"onednn", "dpbf16", "dpbf16+concat"}
+    # only the stored choice and our kernels are raced (and the concatenated form of dpbf16, where it wins)
+    raced = {"onednn", "dpbf16", hf.INVARIANT_DPBF16}
+    assert raced <= set(timed) <= {*raced, "dpbf16+concat"}
     assert ("dpbf16+concat" in timed) == (min(timed, key=timed.get).startswith("dpbf16"))
     assert entry["1x4"]["before_ms"] == earlier["step_ms"] and entry["1x4"]["kernel"] == min(timed, key=timed.get)
     assert compiled.compiles == len(timed) and "(dpbf16 kernels)" in capsys.readouterr().err
@@ -168,6 +169,27 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     later.forward(cache, torch.tensor([PROMPT]))
     later.forward(cache, step)
     assert later.compiles == 0 and later.kernels[(1, 4)] == entry["1x4"]["kernel"]
+
+
+def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kernel, tmp_path, monkeypatch):
+    # a shape whose race our batch-invariant step won (stored, as an earlier process would have): a draft's
+    # feeds (not batch-invariant) run it, with the bits a batch-invariant model's steps give
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    draft = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
+    assert draft.offers(hf.INVARIANT_DPBF16) is None
+    won = {"kernel": hf.INVARIANT_DPBF16, "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(draft): {"1x4": won}}))
+    exact = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=hf.INVARIANT)
+    exact._invariant_kind = hf.INVARIANT_DPBF16
+    caches = draft.new_cache(), exact.new_cache()
+    for tokens in (PROMPT, [9, 4, 33], [2, 40, 11, 7]):
+        got = [m.forward(c, torch.tensor([tokens]), batch_invariant=m is exact) for m, c in zip((draft, exact), caches)]
+        assert torch.equal(*got)
+    assert draft.kernel == "auto" and draft.kernels == {(1, 4): hf.INVARIANT_DPBF16} and draft.compiles == 1
+    # where our kernel cannot take every linear map, the variant is not offered (nor raced)
+    monkeypatch.setattr(dpbf16, "routes_all", lambda model: False)
+    assert "every linear map" in tiny_bf16().offers(hf.INVARIANT_DPBF16)
 
 
 def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_path, monkeypatch):
@@ -302,7 +324,7 @@ def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kerne
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     monkeypatch.setattr(hf, "EXACT_TOLERANCE", 1e9)  # the batch-invariant steps, whatever they cost here
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
-    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in hf.VARIANTS}}
+    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
     (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
     assert model.new_cache().key_buffers[0].dtype == torch.float32  # undecided: a draft's cache, say
     runner = ModelRunner(model)  # a target's runner decides the kernels before it makes its cache
@@ -318,18 +340,20 @@ def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kerne
     assert HFModel(tiny_llama(seed=6).model, None, compile=True).kv_storage() == torch.float32
 
 
-@pytest.mark.parametrize("tolerance", [1e9, 0.0])
-def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel, tmp_path, monkeypatch, tolerance):
+@pytest.mark.parametrize("tolerance, fast", [(1e9, "dpbf16"), (0.0, "dpbf16"), (0.0, hf.INVARIANT_DPBF16)])
+def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel, tmp_path, monkeypatch, tolerance,
+                                                                          fast):
     # compile=True: the first compiled step of a target times a one-token batch-invariant step on our kernels
     # against the fast one and keeps the outcome for the machine; a tolerance that no step can miss (or meet)
-    # fixes the outcome here
+    # fixes the outcome here, unless the fast one-token step is the batch-invariant one (its race kept it)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     monkeypatch.setattr(hf, "EXACT_TOLERANCE", tolerance)
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
     # the fast steps' kernels, as if an earlier process had raced them all (one compile each here, not a race)
-    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in hf.VARIANTS}}
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
+    raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
+    choices = {"1x1": {**raced, "kernel": fast}, "1x4": raced}
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): choices}))
     # a draft's forwards (not batch-invariant: its logits decide nothing) leave it undecided
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]), batch_invariant=False)
@@ -338,7 +362,7 @@ def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
     model.forward(cache, torch.tensor([[9, 4, 33]]))
-    exact = tolerance > 1
+    exact = tolerance > 1 or fast == hf.INVARIANT_DPBF16
     assert model._exact is exact and (model.kernel == hf.INVARIANT) is exact
     assert ((hf.INVARIANT_DPBF16, (1, 4)) in model._packages) is exact
     store = json.loads((tmp_path / "compiled_kernels.json").read_text())

@@ -65,6 +65,9 @@ INVARIANT_KERNELS = {"freezing": True}
 # rows are not padded (products that read one input are concatenated, which changes no output's sum), and
 # attention runs through our fixed-order operator (`dpbf16.attend`), invariant to a tree's layout without splits.
 INVARIANT_DPBF16 = f"{INVARIANT}+{DPBF16}{CONCAT}"
+# A fast step's race for a shape times that variant too: its attention (`dpbf16.attend`, rows in blocks) can beat
+# inductor's traced one, and a draft, whose steps need not be batch-invariant, then runs it where it wins
+RACED = (*KERNELS, INVARIANT_DPBF16)
 INVARIANT_CHOICE = "invariant kernel"  # the kept one of the two, in the kernel store under the package key
 # compile=True: steps are batch-invariant where that step (on our kernels) costs at most this much of the fast one
 EXACT_TOLERANCE = 1.05
@@ -261,7 +264,10 @@ class HFModel(LanguageModel):
                                             INVARIANT_DPBF16: (INVARIANT, INVARIANT_DPBF16)})
         finally:
             self.kernel, self._invariant_kind = "auto", None
-        exact = INVARIANT_DPBF16 in seconds and seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"]
+        # where the fast step's own race kept the batch-invariant variant, the two are one step (timing it against
+        # itself would decide by noise)
+        exact = INVARIANT_DPBF16 in seconds and (self.kernels.get((1, 1)) == INVARIANT_DPBF16
+                                                 or seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"])
         _store_entry(key, EXACT_CHOICE, {"exact": exact, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
         self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
         note(f"multispec: {self.name}, 1 token: " + ", ".join(
@@ -737,6 +743,11 @@ class HFModel(LanguageModel):
     def offers(self, kind: str) -> str | None:
         """None where kernel variant `kind` (of `KERNELS`) can run this model's compiled steps here, else why
         not."""
+        if kind == INVARIANT_DPBF16:
+            why = self.offers(DPBF16)
+            if why is None and not dpbf16.routes_all(self.model):
+                why = "our kernel does not take every linear map of the model"
+            return why
         if kind.removesuffix(CONCAT) != DPBF16:
             return None
         if self.device.type != "cpu" or self.dtype != torch.bfloat16:
@@ -751,7 +762,7 @@ class HFModel(LanguageModel):
         """The variants a stored choice would have raced had they run then (those of `KERNELS`, and the kept one
         with `CONCAT`), that run here but were neither timed nor failed."""
         kept = entry["kernel"]
-        kinds = (*KERNELS, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
+        kinds = (*RACED, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
         return [k for k in kinds if k not in _tried(entry) and self.offers(k) is None]
 
     def _call_compiled(self, kind, shape, args):
@@ -801,7 +812,7 @@ class HFModel(LanguageModel):
         return logits
 
     def _choose_kernel(self, shape, args, stored: dict | None = None):
-        """Compile the shape's step in every variant of `KERNELS` that runs here, time each whole step in place
+        """Compile the shape's step in every variant of `RACED` that runs here, time each whole step in place
         (the same feed, interleaved rounds), then the fastest with `CONCAT` against itself (where it has that
         form); keep the fastest here. With `stored` (a choice an earlier process made without some variant),
         only the kept one and the variants untried are raced. The last call runs the kept variant, so its logits
@@ -810,7 +821,7 @@ class HFModel(LanguageModel):
         compiled_before = self.compile_seconds
         failed: list[str] = []
         if stored is None:
-            seconds = self._race(shape, args, [k for k in KERNELS if self.offers(k) is None], failed)
+            seconds = self._race(shape, args, [k for k in RACED if self.offers(k) is None], failed)
         else:
             seconds = self._race(shape, args, [stored["kernel"], *self._untried(stored)], failed)
         best = min(seconds, key=seconds.get)
@@ -823,6 +834,8 @@ class HFModel(LanguageModel):
         for other in VARIANTS:  # only the kept variant's package stays on disk
             if other != kind and self._packages.pop((other, shape), None) is not None:
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
+        if kind != INVARIANT_DPBF16:  # (its package stays on disk: a batch-invariant step of the shape loads it)
+            self._packages.pop((INVARIANT_DPBF16, shape), None)
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
         note(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
@@ -838,7 +851,7 @@ class HFModel(LanguageModel):
                 self._call_compiled(kind, shape, args)
                 self._call_compiled(kind, shape, args)  # lazy initialisation after a compile is not the step's cost
             except Exception as e:  # noqa: BLE001 - the other variants run the step
-                if not kind.startswith(DPBF16) or len(kinds) == 1:
+                if not on_dpbf16(kind) or len(kinds) == 1:
                     raise
                 note(f"multispec: {self.name} {shape[0]} x {shape[1]}: left out the {kind} kernels "
                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
@@ -1062,7 +1075,7 @@ def _stored_choice(model, shape) -> dict | None:
     """The kernel choice an earlier process on this machine stored for this shape (kernel, step_ms, ...), if any
     names a variant this version has."""
     entry = _stored_entry(_kernel_key(model), f"{shape[0]}x{shape[1]}")
-    return entry if entry is not None and entry.get("kernel") in VARIANTS else None
+    return entry if entry is not None and entry.get("kernel") in (*VARIANTS, INVARIANT_DPBF16) else None
 
 
 def _tried(entry: dict) -> set[str]:
