@@ -20,7 +20,8 @@ import time
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 PROMPT = "Explain how a bicycle gear system works, in detail."
-METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
+METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("sd", {"gamma": "auto", "drafter": "hybrid"}),
+           ("mcsd", {"k_config": "2x2x1"}),
            ("mcsd", {"k_config": "8x1"}), ("mcsd", {"tree": "auto"}), ("specinfer", {}), ("mjsd", {}),
            ("mtad", {})]
 
@@ -85,6 +86,8 @@ def main() -> None:
     import multispec.decoding.loop as loop
     import multispec.decoding.sd as sd
     import multispec.drafting.beams as beams
+    import multispec.drafting.copying as copying
+    import multispec.drafting.length as length
     import multispec.drafting.model as dm
     import multispec.drafting.shape as shape
     import multispec.engine as engine
@@ -119,6 +122,12 @@ def main() -> None:
     timers.wrap(tree_method, "record_verdict", "record_verdict")
     timers.wrap(tree_method, "greedy_tree_verify", "greedy_tree_verify")
     timers.wrap(tree_method, "tree_verify", "tree_verify")
+    timers.wrap(length.AutoLength, "propose", "auto-length propose")
+    timers.wrap(length.DraftLength, "plan", "auto-length plan")
+    timers.wrap(copying.Hybrid, "options", "hybrid options")
+    timers.wrap(copying.CopyDrafter, "find", "copy find")
+    timers.wrap(copying.NgramIndex, "update", "ngram update")
+    timers.wrap(engine.Session, "draft_depth", "session.draft_depth")
     rows = []
     chosen = None if args.methods is None else set(args.methods.split(","))
     for method, params in (m for m in METHODS if chosen is None or m[0] in chosen):
