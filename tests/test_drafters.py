@@ -260,6 +260,25 @@ def test_controller_prefers_the_option_with_the_better_record_and_counts_draft_f
     assert c.plan([_option("model", 2, runner=draft)], 100).seconds == pytest.approx(1.2 + 0.05 * 3 + 0.05)
 
 
+def test_controller_prices_the_work_besides_forwards():
+    # a copy accepted half the time: 1.5 tokens for 1.1 s of forwards pays against a plain step's 1 s, but not
+    # once a drafting iteration's 0.6 s of verifying and committing is counted; it pays again where a plain
+    # step's own work (0.3 s) is counted too
+    def controller(overhead, plain):
+        c = DraftLength(ForwardCost((1.0, 1.1)), None, max_gamma=1, overhead=overhead, plain_overhead=plain)
+        for _ in range(200):
+            c.observe("lookup:1", 1, 1)
+            c.observe("lookup:1", 1, 0)
+        return c
+
+    plan = controller(0.0, 0.0).plan([_option("lookup:1", 1)], 100)
+    assert plan.length == 1 and plan.seconds == pytest.approx(1.1)
+    plan = controller(0.6, 0.0).plan([_option("lookup:1", 1)], 100)
+    assert plan.option is None and plan.seconds == pytest.approx(1.0)
+    plan = controller(0.6, 0.3).plan([_option("lookup:1", 1)], 100)
+    assert plan.length == 1 and plan.seconds == pytest.approx(1.7)
+
+
 def test_controller_rates_are_per_position_given_the_earlier_ones_passed():
     c = DraftLength(ForwardCost((1.0,)), None, max_gamma=3)
     c.observe("k", 3, 1)  # position 1 accepted, position 2 rejected, position 3 never reached

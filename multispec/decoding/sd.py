@@ -17,6 +17,7 @@ from functools import partial
 
 from ..drafting import make_drafter, setup_of
 from ..drafting.length import AutoLength, DraftLength
+from ..drafting.shape import OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR
 from ..engine import Entries, Session
 from ..models.cost import forward_cost
 from ..verify import chain, greedy_verify, relaxed_verify, speculative_verify
@@ -31,8 +32,10 @@ def decode(s: Session, *, gamma: int | str, bonus: bool, confidence: float, draf
     verify = partial(_verify, s, speculative_verify, bonus)
     if gamma != "auto":
         return speculate(s, proposer, (1,) * gamma, verify, bonus)
+    # the work besides forwards priced as tree=auto prices it by default
     controller = DraftLength(forward_cost(s.target_model),
-                             forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None)
+                             forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None,
+                             overhead=OVERHEAD_PRIOR, plain_overhead=PLAIN_OVERHEAD_PRIOR)
     auto = AutoLength(proposer, controller, setup_of(s), lambda context: len(context) - s.target.committed,
                       s.one_time_seconds)
     speculate(s, auto, (1,) * controller.max_gamma, verify, bonus)

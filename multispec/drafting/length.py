@@ -7,8 +7,9 @@ computes the expected tokens of drafting g tokens,
     E(g) = 1 + sum_{i <= g} prod_{j <= i} a_j      (a_j: acceptance at position j; the 1 is the bonus or
                                                     the replacement token)
 
-and its cost T(g + 1) + draft forwards (`multispec.models.cost`), and picks the option and g (0 included: a
-plain target step) with the most tokens per second. The choice depends only on the past and on the drafts
+and its cost T(g + 1) + draft forwards (`multispec.models.cost`) + the iteration's work besides forwards
+(verifying, sampling drafts, committing: `overhead`, against `plain_overhead` for a plain step), and picks the option
+and g (0 included: a plain target step) with the most tokens per second. The choice depends only on the past and on the drafts
 themselves, never on the target's verification of this iteration, so exactness is untouched.
 """
 
@@ -42,6 +43,10 @@ class DraftLength:
     target_cost: ForwardCost
     draft_cost: ForwardCost | None
     max_gamma: int = MAX_AUTO_GAMMA
+    # seconds of work besides forwards: a drafting iteration's, and a plain step's (fixed prices, not the call's
+    # clock: the same seed then gives the same choices, and the same tokens)
+    overhead: float = 0.0
+    plain_overhead: float = 0.0
     tries: dict[str, list[float]] = field(default_factory=dict)
     accepts: dict[str, list[float]] = field(default_factory=dict)
 
@@ -59,7 +64,7 @@ class DraftLength:
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
         target = self.target_cost.curve(target_pending + longest, tokens).tolist()
-        best = Plan(None, 0, 1.0, target[target_pending])
+        best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead)
         for option in options:
             a = self.rates(option.key)
             catch_up = 0
@@ -70,7 +75,7 @@ class DraftLength:
             for g in range(1, min(option.length, self.max_gamma) + 1):
                 survive *= a[g - 1]
                 expected += survive
-                seconds = target[target_pending + g]
+                seconds = target[target_pending + g] + self.overhead
                 if catch_up:
                     seconds += first + (g - 1) * later
                 if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
