@@ -162,6 +162,8 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     assert ("dpbf16+concat" in timed) == (min(timed, key=timed.get).startswith("dpbf16"))
     assert entry["1x4"]["before_ms"] == earlier["step_ms"] and entry["1x4"]["kernel"] == min(timed, key=timed.get)
     assert compiled.compiles == len(timed) and "(dpbf16 kernels)" in capsys.readouterr().err
+    # only the kept variant's step stays on disk, the batch-invariant one's too where it lost
+    assert [p.name for p in (tmp_path / "compiled").rglob("*.pt2")] == [f"{entry['1x4']['kernel']}-1x4.pt2"]
     # a later process runs the stored choice: nothing compiled, nothing raced
     later = tiny_bf16()
     later.compile = True

@@ -831,10 +831,12 @@ class HFModel(LanguageModel):
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
         _store_kernel(self, shape, kind, seconds, failed, before=None if stored is None else stored)
-        for other in VARIANTS:  # only the kept variant's package stays on disk
+        # only the kept variant's package stays on disk (and a one-token batch-invariant step's: `_race_exact`
+        # times it next)
+        for other in (*VARIANTS, *((INVARIANT_DPBF16,) if shape != (1, 1) else ())):
             if other != kind and self._packages.pop((other, shape), None) is not None:
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
-        if kind != INVARIANT_DPBF16:  # (its package stays on disk: a batch-invariant step of the shape loads it)
+        if kind != INVARIANT_DPBF16:
             self._packages.pop((INVARIANT_DPBF16, shape), None)
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
