@@ -8,9 +8,10 @@ computes the expected tokens of drafting g tokens,
                                                     the replacement token)
 
 and its cost T(g + 1) + draft forwards (`multispec.models.cost`) + the iteration's work besides forwards
-(verifying, sampling drafts, committing: `overhead`, against `plain_overhead` for a plain step), and picks the option
-and g (0 included: a plain target step) with the most tokens per second. The choice depends only on the past and on the drafts
-themselves, never on the target's verification of this iteration, so exactness is untouched.
+(verifying, sampling drafts, committing: `overhead`, against `plain_overhead` for a plain step), and picks the
+option and g (0 included: a plain target step) with the most tokens per second. The choice depends only on the
+past and on the drafts themselves, never on the target's verification of this iteration, so exactness is
+untouched.
 """
 
 from __future__ import annotations

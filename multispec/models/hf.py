@@ -833,11 +833,10 @@ class HFModel(LanguageModel):
         _store_kernel(self, shape, kind, seconds, failed, before=None if stored is None else stored)
         # only the kept variant's package stays on disk (and a one-token batch-invariant step's: `_race_exact`
         # times it next)
-        for other in (*VARIANTS, *((INVARIANT_DPBF16,) if shape != (1, 1) else ())):
-            if other != kind and self._packages.pop((other, shape), None) is not None:
+        for other in (*VARIANTS, INVARIANT_DPBF16):
+            if (other != kind and self._packages.pop((other, shape), None) is not None
+                    and (other, shape) != (INVARIANT_DPBF16, (1, 1))):
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
-        if kind != INVARIANT_DPBF16:
-            self._packages.pop((INVARIANT_DPBF16, shape), None)
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
         note(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
