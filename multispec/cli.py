@@ -279,7 +279,8 @@ def cmd_bench(args) -> int:
         with_draft=args.draft is not None or args.target is None))
     from .tune import load_plan
 
-    methods = [*methods, *(load_plan(f).spec for f in args.plan)]
+    plans = [load_plan(f) for f in args.plan]
+    methods = [*methods, *(p.spec for p in plans)]
     bench.plan(methods, args.baseline)
     bench.check_settings(temperatures, max_new, args.top_k, args.top_p)
     from .bench import llamacpp, sweep
@@ -303,6 +304,11 @@ def cmd_bench(args) -> int:
     device = args.device or (sweep.process_device(state) if state is not None else None)
     pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=_compile(args))
     if main_process:
+        from .tune import plan_mismatches
+
+        for path, p in zip(args.plan, plans, strict=True):
+            for line in plan_mismatches(p, pair.description):
+                print(f"multispec: note: {path}: {line}", file=sys.stderr)
         print(f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures on "
               f"{' / '.join(pair.description)} -> {args.out}"
               + (f" ({state.num_processes} processes)" if state is not None else ""), file=sys.stderr)
@@ -430,6 +436,11 @@ def cmd_generate(args) -> int:
         target_only = load_model(args.target, args.device, dtype=args.dtype, device_map=args.device_map,
                                  compile=_compile(args))
         pair = ModelPair(target_only, None, {target_only.name: describe_model(target_only)})
+    if args.plan:
+        from .tune import plan_mismatches
+
+        for line in plan_mismatches(plan, pair.description):
+            print(f"multispec: note: {line}", file=sys.stderr)
     target = pair.target
     from . import console
     from .streaming import TextStream

@@ -426,6 +426,29 @@ def load_plan(path: str | Path) -> Plan:
     return Plan(spec, data)
 
 
+def plan_mismatches(plan: Plan, models: dict[str, str], host: str | None = None) -> list[str]:
+    """How a run differs from what its plan was priced on: other models, dtype or compilation, another host.
+
+    `models` maps each loaded model's name to its description (`ModelPair.description`); a method that loads no
+    draft is compared on the target alone. A plan priced on eager forwards can choose otherwise than on compiled
+    ones (their cost curves differ in shape), so such a run is told to tune again with its own flags.
+    """
+    tuned = plan.data.get("models") or {}
+    said = []
+    for name, described in models.items():
+        if name not in tuned:
+            said.append(f"the plan was tuned on {' / '.join(tuned) or 'unknown models'}; this run loads {name}")
+        elif tuned[name] != described:
+            said.append(f"the plan was tuned with {tuned[name]!r}; this run loads {described!r}")
+    tuned_host = (plan.data.get("machine") or {}).get("host")
+    host = platform.node() if host is None else host
+    if tuned_host and tuned_host != host:
+        said.append(f"the plan was tuned on host {tuned_host!r}; this is {host!r}")
+    if said:
+        said[-1] += ": its choice was priced on other forwards; run `multispec tune` here with this run's flags"
+    return said
+
+
 def table(result: TuneResult) -> str:
     """The candidates as a text table, best prediction first."""
     lines = [f"{'plan':58s} {'tree':34s} {'tok/call':>8s} {'pred tok/s':>10s} {'meas tok/s':>10s}"]

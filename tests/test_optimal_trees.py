@@ -642,3 +642,22 @@ def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "multispec.cli", "tune", "--limit", "1"], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and "--limit >= 2" in proc.stderr
+
+
+def test_a_run_that_differs_from_what_its_plan_was_priced_on_is_told_so():
+    # eager and compiled forwards have cost curves of other shapes (on one CPU, tune chose a 4-node tree eager and
+    # sd gamma 1 compiled): a plan used with other flags, models or on another host says so; a matching run is quiet
+    from multispec.tune import Plan, plan_mismatches
+
+    tuned = {"target": "T - bfloat16, compiled", "draft": "D - bfloat16, compiled"}
+    plan = Plan("sd:gamma=1", {"models": tuned, "machine": {"host": "box"}})
+    assert plan_mismatches(plan, dict(tuned), host="box") == []
+    assert plan_mismatches(plan, {"target": tuned["target"]}, host="box") == []  # ar loads no draft
+    eager = plan_mismatches(plan, {"target": "T - bfloat16", "draft": "D - bfloat16"}, host="box")
+    assert len(eager) == 2 and "'T - bfloat16, compiled'; this run loads 'T - bfloat16'" in eager[0]
+    assert eager[-1].endswith("run `multispec tune` here with this run's flags")
+    other = plan_mismatches(plan, {"big": "B - float32", **{"draft": tuned["draft"]}}, host="box")
+    assert other == ["the plan was tuned on target / draft; this run loads big: its choice was priced on other "
+                     "forwards; run `multispec tune` here with this run's flags"]
+    moved = plan_mismatches(plan, dict(tuned), host="laptop")
+    assert len(moved) == 1 and "tuned on host 'box'; this is 'laptop'" in moved[0]
