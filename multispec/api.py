@@ -202,6 +202,7 @@ def generate(
 
     session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens, cancel)
     seconds_before, compiles_before, captures_before = _compiling(target, draft)
+    fallbacks_before = [len(getattr(m, "fallbacks", ())) for m in (target, draft)]
     t0 = time.perf_counter()
     if not session.done:
         spec.run(session, **params)
@@ -209,18 +210,23 @@ def generate(
     seconds_after, compiles_after, captures_after = _compiling(target, draft)
     stats = _stats(session, seconds, seconds_after - seconds_before, compiles_after - compiles_before,
                    captures_after - captures_before)
+    # a compiled or captured step that failed during this call, which then ran its steps without (one line each)
+    stats["fallbacks"] = [f"{m.name}: {why}" for m, n in zip((target, draft), fallbacks_before, strict=True)
+                          for why in getattr(m, "fallbacks", ())[n:]]
     if score:
         stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
         stats["perplexity"] = perplexity([stats["mean_logprob"]])
     return Result(session.new_tokens, target.decode(session.new_tokens), stats, prompt_ids)
 
 
-def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None):
-    """Everything about a request that can be checked without a model: (method, parameters, sampling)."""
+def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None,
+                     files: bool = True):
+    """Everything about a request that can be checked without a model: (method, parameters, sampling). Without
+    `files`, parameters that could name a file take inline values only (see `Method.resolve`)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
     spec = get_method(method)
-    params = spec.resolve(method_params)
+    params = spec.resolve(method_params, files=files)
     sampling = Sampling(temperature, top_k, top_p)
     if sampling.greedy and not spec.greedy:
         raise ValueError(f"method {method!r} samples and has no temperature-0 form; use a temperature above 0"

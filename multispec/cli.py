@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-queue", type=int, default=16,
                     help="requests that may wait behind the one running; more get 429")
     sv.add_argument("--max-tokens", type=int, default=128, help="new tokens of a request that gives no max_tokens")
+    sv.add_argument("--limit", action="append", default=[], metavar="NAME=N",
+                    help="bound what one request may ask for (repeatable): body_bytes, prompt_tokens, max_tokens, "
+                    "messages, stop_strings, stop_length, tree_nodes, gamma, max_unchecked, rows, ngram (defaults: "
+                    "`multispec.serve.Limits`)")
     _pair_args(sv)
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -481,10 +485,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .serve import Server, serve
+    from .serve import Limits, Server, serve
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    limits = Limits.parse(args.limit)
     name, params = parse_method(args.method)
     from .api import load_pair
     from .decoding import get_method
@@ -492,7 +497,7 @@ def cmd_serve(args) -> int:
     get_method(name).resolve(params)  # a bad default method fails before the models load
     pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
     server = Server(pair, model_name=args.model_name, method=args.method, max_queue=args.max_queue,
-                    max_tokens=args.max_tokens)  # every option checked before the port is taken
+                    max_tokens=args.max_tokens, limits=limits)  # every option checked before the port is taken
     print(f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
           f"http://{args.host}:{args.port}/v1 (default method {args.method}; one request at a time)",
           file=sys.stderr)

@@ -3,9 +3,12 @@ streamed as server-sent events), `/v1/models`, `/health` and `/metrics` (Prometh
 
 Requests are served one at a time, in arrival order, on one worker thread (the models and their caches
 are not shared between generations); the others wait in a bounded queue and a full queue answers 429.
-A client that disconnects cancels its generation. Every refusal is an OpenAI-style error object with a
-4xx status; an unexpected failure is a 500 whose body names only the exception's type (the traceback goes
-to the server's log).
+A client that disconnects cancels its generation, streamed or whole, at the next iteration. Every refusal is
+an OpenAI-style error object with a 4xx status; an unexpected failure is a 500 whose body names only the
+exception's type (the traceback goes to the server's log).
+
+Requests come from other programs and people: a request never names a file (a tree is given inline), and
+every size it may ask for is bounded (`Limits`) and checked before any work.
 
 Glossary of the speculation metrics (vLLM's names, so its dashboards read them): a *draft* is one
 proposal verified by one target call; *draft tokens* are the positions proposed (a tree counts its
@@ -32,12 +35,57 @@ from .streaming import TextStream
 log = logging.getLogger("multispec.serve")
 
 DEFAULT_MAX_TOKENS = 128  # as `multispec generate`
-MAX_STOP_STRINGS = 4  # as OpenAI's API
 # fields of OpenAI's requests this server does not implement: refused when set to anything but their no-op
 UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "tools": (None, []),
                "response_format": (None, {"type": "text"}), "best_of": (None, 1), "echo": (None, False),
                "suffix": (None, "")}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for, checked before any work (`multispec serve --limit NAME=N`). The defaults
+    keep the default pair's largest request within a few GB (cache rows x tokens) on a 24 GiB machine."""
+
+    body_bytes: int = 1 << 20  # the request body
+    prompt_tokens: int = 4096  # the prompt, tokenised (the context bounds prompt + max_tokens too)
+    max_tokens: int = 1024  # new tokens a request may ask for
+    messages: int = 256  # chat messages in one request
+    stop_strings: int = 4  # as OpenAI's API
+    stop_length: int = 128  # characters in one stop string
+    tree_nodes: int = 64  # draft nodes of a tree or k-config
+    gamma: int = 16  # draft positions per target call (gamma)
+    max_unchecked: int = 32  # bild's draft tokens before a check
+    rows: int = 8  # beams or draft chains (width, draft_width, beam_width, min_width, drafts; paths when
+    #                a tree is scored one row per path)
+    ngram: int = 16  # a copying drafter's n-gram lengths (min_ngram, max_ngram)
+
+    # the method parameters each size limit bounds (every sized parameter of the registry has one)
+    SIZES = {"gamma": "gamma", "max_unchecked": "max_unchecked", "width": "rows", "draft_width": "rows",
+             "beam_width": "rows", "min_width": "rows", "drafts": "rows", "min_ngram": "ngram",
+             "max_ngram": "ngram"}
+
+    def __post_init__(self):
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limit {name} must be an integer >= 1, got {value!r}")
+
+    @classmethod
+    def parse(cls, items: list[str] | None) -> Limits:
+        """['gamma=8', 'max_tokens=512'] -> Limits with those changed (dashes in names may be underscores)."""
+        changed = {}
+        for item in items or []:
+            name, sep, value = item.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in cls.__dataclass_fields__:
+                raise ValueError(f"--limit takes NAME=N with NAME one of {', '.join(cls.__dataclass_fields__)}; "
+                                 f"got {item!r}")
+            try:
+                changed[name] = int(value)
+            except ValueError:
+                raise ValueError(f"--limit {name} must be an integer >= 1, got {value.strip()!r}") from None
+        return cls(**changed)
 
 
 class RequestError(Exception):
@@ -120,16 +168,18 @@ class Server:
     """The application (`self.app`, ASGI) over one model pair."""
 
     def __init__(self, pair: ModelPair, *, model_name: str = "multispec", method: str = DEFAULT_METHOD,
-                 max_queue: int = 16, max_tokens: int = DEFAULT_MAX_TOKENS):
+                 max_queue: int = 16, max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None):
+        self.limits = limits = limits or Limits()
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= limits.max_tokens:
+            raise ValueError(f"max_tokens must be an integer in [1, {limits.max_tokens}] (the max_tokens limit), "
+                             f"got {max_tokens!r}")
         if pair.target.tokenizer is None:
             raise ValueError(f"{pair.target.name} has no tokenizer: a text server needs one")
         self.pair, self.model_name = pair, model_name
         self.default_method, self.default_params = parse_method(method)
-        self._check_method(self.default_method, self.default_params)
+        self._check_method(self.default_method, self.default_params, files=True)
         self.max_queue, self.max_tokens = max_queue, max_tokens
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="multispec-generate")
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not to be used by two threads at once
@@ -217,10 +267,13 @@ class Server:
             events = self._events(request, job, future, ident, chat, include_usage, arrived)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        watcher = asyncio.create_task(self._watch(request, job))
         try:
-            result, text = await self._wait(request, job, future)
+            result, text = await self._wait(job)
         except RequestError as e:
             return self._error(request, e)
+        finally:
+            watcher.cancel()
         if result is None:  # the client left; nobody reads this
             return JSONResponse({}, status_code=499)
         self._account(request, job, result, arrived)
@@ -231,11 +284,26 @@ class Server:
         self.metrics.waiting.set(self.in_flight)
 
     async def _json(self, request) -> dict:
-        raw = await request.body()
+        limit = self.limits.body_bytes
+        declared = request.headers.get("content-length", "")
+        too_long = RequestError(413, f"the request body is larger than the limit of {limit} bytes",
+                                code="body_too_large")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_long
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_long
+            chunks.append(chunk)
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RequestError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+            body = json.loads(b"".join(chunks))
+        except RecursionError:
+            raise RequestError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") \
+                from None
+        except ValueError as e:  # (JSONDecodeError, UnicodeDecodeError, an integer of too many digits)
+            raise RequestError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") \
+                from None
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object", code="invalid_json")
         return body
@@ -248,7 +316,7 @@ class Server:
         if model is None:
             raise RequestError(400, "the request has no 'model'", param="model")
         if model != self.model_name:
-            raise RequestError(404, f"the model {model!r} does not exist here; this server serves "
+            raise RequestError(404, f"the model {_short(model)} does not exist here; this server serves "
                                f"{self.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
         for key, allowed in UNSUPPORTED.items():
             if body.get(key, None) not in allowed:
@@ -256,7 +324,7 @@ class Server:
                                    code="unsupported_parameter")
         n = body.get("n", 1)
         if n != 1:
-            raise RequestError(400, f"'n' must be 1 (one choice per request), got {n!r}", param="n")
+            raise RequestError(400, f"'n' must be 1 (one choice per request), got {_short(n)}", param="n")
         stream = _boolean(body, "stream", False)
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
@@ -271,20 +339,30 @@ class Server:
         if top_k == -1:  # vLLM's "off"
             top_k = 0
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise RequestError(400, f"'top_k' must be an integer >= 0 (or -1: off), got {top_k!r}", param="top_k")
+            raise RequestError(400, f"'top_k' must be an integer >= 0 (or -1: off), got {_short(top_k)}",
+                               param="top_k")
+        if top_k >= self.pair.target.vocab_size:  # keeps every token: off
+            top_k = 0
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise RequestError(400, f"'seed' must be an integer in [0, 2**63), got {seed!r}", param="seed")
+            raise RequestError(400, f"'seed' must be an integer in [0, 2**63), got {_short(seed)}", param="seed")
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
-        if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
-                or not all(isinstance(s, str) and s for s in stop)):
-            raise RequestError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP_STRINGS} "
-                               f"of them, got {stop!r}", param="stop")
+        limits = self.limits
+        if (not isinstance(stop, list) or len(stop) > limits.stop_strings
+                or not all(isinstance(s, str) and 0 < len(s) <= limits.stop_length for s in stop)):
+            raise RequestError(400, f"'stop' must be a string or a list of at most {limits.stop_strings} of them, "
+                               f"each of 1 to {limits.stop_length} characters; got {_short(stop)}", param="stop")
         method, params = self._method(body)
 
         prompt_ids = self._prompt_ids(body, chat)
+        where = "messages" if chat else "prompt"
+        if not prompt_ids:
+            raise RequestError(400, "the prompt is empty after tokenisation", param=where)
+        if len(prompt_ids) > limits.prompt_tokens:
+            raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens, above this server's limit of "
+                               f"{limits.prompt_tokens}", param=where, code="context_length_exceeded")
         room = self.pair.target.max_length
         if self.pair.draft is not None and self.pair.draft.max_length is not None:
             room = min(room, self.pair.draft.max_length) if room is not None else self.pair.draft.max_length
@@ -298,15 +376,18 @@ class Server:
         if max_tokens is None:
             max_tokens = self.max_tokens if left is None else min(self.max_tokens, left)
         elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(400, f"'{key}' must be an integer >= 1, got {max_tokens!r}", param=key)
+            raise RequestError(400, f"'{key}' must be an integer >= 1, got {_short(max_tokens)}", param=key)
+        elif max_tokens > limits.max_tokens:
+            raise RequestError(400, f"'{key}' is {max_tokens}, above this server's limit of {limits.max_tokens}",
+                               param=key)
         elif left is not None and max_tokens > left:
             raise RequestError(400, f"this model's context is {room} tokens; the prompt has {len(prompt_ids)} and "
                                f"'{key}' asks for {max_tokens}: at most {left} fit", param=key,
                                code="context_length_exceeded")
         try:
-            validate_request(method, max_tokens, temperature, top_k, top_p, params, seed)
+            validate_request(method, max_tokens, temperature, top_k, top_p, params, seed, files=False)
         except ValueError as e:
-            raise RequestError(400, str(e)) from None
+            raise RequestError(400, str(e), param="method") from None
         job = Job(prompt_ids, method, params, max_tokens, temperature, top_p, top_k, seed, stop,
                   asyncio.get_running_loop())
         return job, stream, include_usage
@@ -321,7 +402,7 @@ class Server:
             method, params = self.default_method, dict(self.default_params)
         elif not isinstance(spec, str) or not spec.strip():
             raise RequestError(400, f"'method' must be a method name, parameters after a colon (sd:gamma=4); "
-                               f"got {spec!r}", param="method")
+                               f"got {_short(spec)}", param="method")
         else:
             try:
                 method, params = parse_method(spec)
@@ -334,14 +415,50 @@ class Server:
             raise RequestError(400, str(e), param="method") from None
         return method, params
 
-    def _check_method(self, method: str, params: dict) -> None:
+    def _check_method(self, method: str, params: dict, files: bool = False) -> None:
+        """A method this server runs, with parameters within its limits; ValueError naming the problem. A
+        request's parameters never name files (`files`: the server's own default method may)."""
         from .decoding import get_method
 
         spec = get_method(method)
         if spec.markov_only:
             raise ValueError(f"method {method!r} runs only on MarkovLM test models")
-        if spec.draft_use(spec.resolve(params)) == "required" and self.pair.draft is None:
+        resolved = spec.resolve(params, files=files)
+        if spec.draft_use(resolved) == "required" and self.pair.draft is None:
             raise ValueError(f"method {method!r} needs a draft model and this server has none")
+        self._check_sizes(spec, resolved)
+
+    def _check_sizes(self, spec, params: dict) -> None:
+        from .decoding.tree import as_tree
+        from .trees import TokenTree, parse_k_config
+
+        limits = self.limits
+        for key, p in spec.params.items():
+            value = params.get(key)
+            if p.high is not None and isinstance(value, int):
+                name = Limits.SIZES.get(key, "")
+                high = getattr(limits, name, p.high)
+                if value > high:
+                    raise ValueError(f"{key} is {value}, above this server's limit of {high}"
+                                     + (f" ({name})" if name and name != key else ""))
+        tree = params.get("tree")
+        if tree is not None and tree != "auto":
+            tree = as_tree(tree)
+        elif params.get("k_config") is not None:
+            tree = TokenTree.from_branching(parse_k_config(params["k_config"]))
+        if isinstance(tree, TokenTree):
+            if tree.size > limits.tree_nodes:
+                raise ValueError(f"the tree has {tree.size} nodes, above this server's limit of "
+                                 f"{limits.tree_nodes} (tree_nodes)")
+            paths = len(tree.leaves())
+            if params.get("tree_attention") is False and paths > limits.rows:
+                raise ValueError(f"scored one row per path (tree_attention=false), the tree's {paths} paths are "
+                                 f"above this server's limit of {limits.rows} rows")
+        if params.get("drafts") is not None and isinstance(params.get("gamma"), int):  # batch-sd: M chains
+            nodes = params["drafts"] * params["gamma"]
+            if nodes > limits.tree_nodes:
+                raise ValueError(f"{params['drafts']} chains of {params['gamma']} are {nodes} nodes, above this "
+                                 f"server's limit of {limits.tree_nodes} (tree_nodes)")
 
     def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
         target = self.pair.target
@@ -349,6 +466,9 @@ class Server:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise RequestError(400, "'messages' must be a non-empty list", param="messages")
+            if len(messages) > self.limits.messages:
+                raise RequestError(400, f"{len(messages)} messages are above this server's limit of "
+                                   f"{self.limits.messages}", param="messages")
             conversation = [_message(m, i) for i, m in enumerate(messages)]
             try:
                 with self.tokenizer_lock:
@@ -396,9 +516,7 @@ class Server:
             if rest:
                 job.emit("text", rest)
             job.emit("done", (result, text.text))
-        except ValueError as e:
-            job.emit("error", RequestError(400, str(e)))
-        except Exception as e:
+        except Exception as e:  # a request is checked in whole before it runs: what fails here is the server's
             log.exception("generation failed")
             job.emit("error", RequestError(500, f"internal error ({type(e).__name__})", kind="server_error"))
 
@@ -406,22 +524,27 @@ class Server:
         with self.tokenizer_lock:
             return self.pair.target.decode(ids) or ""
 
-    async def _wait(self, request, job: Job, future):
-        """A whole response: the result, cancelling the generation if the client leaves meanwhile."""
+    async def _wait(self, job: Job):
+        """A whole response: (result, text), or (None, "") when the client left (`_watch`)."""
         while True:
-            try:
-                kind, value = await asyncio.wait_for(job.events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    self.metrics.cancelled.inc()
-                    await future
-                    return None, ""
-                continue
+            kind, value = await job.events.get()
             if kind == "error":
                 raise value
             if kind == "done":
                 return value
+            if kind == "gone":
+                return None, ""
+
+    async def _watch(self, request, job: Job) -> None:
+        """Until cancelled: when the client of a whole response disconnects, cancel its generation (the worker
+        stops at its next iteration). Its body has been read, so the next message is the disconnect."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancel.set()
+                self.metrics.cancelled.inc()
+                job.events.put_nowait(("gone", None))
+                return
 
     async def _events(self, request, job: Job, future, ident: str, chat: bool, include_usage: bool, arrived: float):
         """Server-sent events of a streamed response; leaving early (the client closed) cancels the job."""
@@ -447,6 +570,8 @@ class Server:
                 last = self._chunk(ident, chat, "" if not chat else {}, _finish_reason(result.stats))
                 last["spec_decode"] = speculation(result.stats)
                 last["method"] = job.method
+                if result.stats.get("fallbacks"):
+                    last["fallbacks"] = result.stats["fallbacks"]
                 yield _sse(last)
                 if include_usage:
                     usage = self._chunk(ident, chat, None, None)
@@ -486,9 +611,12 @@ class Server:
                       "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": [choice], "usage": _usage(job, result),
-                "method": job.method, "spec_decode": speculation(result.stats)}
+        out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+               "model": self.model_name, "choices": [choice], "usage": _usage(job, result),
+               "method": job.method, "spec_decode": speculation(result.stats)}
+        if result.stats.get("fallbacks"):  # this request's steps ran uncompiled or uncaptured after a failure
+            out["fallbacks"] = result.stats["fallbacks"]
+        return out
 
     def warm_up(self) -> None:
         """One short generation, so that the first request does not pay for lazy initialisation."""
@@ -498,6 +626,12 @@ class Server:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _short(value) -> str:
+    """A request's value in an error message: its repr, cut."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _sse(obj: dict) -> str:
@@ -518,7 +652,7 @@ def _boolean(body: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise RequestError(400, f"'{key}' must be true or false, got {value!r}", param=key)
+        raise RequestError(400, f"'{key}' must be true or false, got {_short(value)}", param=key)
     return value
 
 
@@ -527,7 +661,7 @@ def _number(body: dict, key: str, default: float, low: float, high: float) -> fl
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise RequestError(400, f"'{key}' must be a number in [{low:g}, {high:g}], got {value!r}", param=key)
+        raise RequestError(400, f"'{key}' must be a number in [{low:g}, {high:g}], got {_short(value)}", param=key)
     return float(value)
 
 

@@ -107,9 +107,12 @@ class TokenTree:
         for k in branching:
             width *= k
             total += width
+            if total > MAX_TREE_NODES:  # (before the products grow to numbers thousands of digits long)
+                break
         if total > MAX_TREE_NODES:
-            raise ValueError(f"the k-config {'x'.join(map(str, branching))} has {total} nodes, above the "
-                             f"limit of {MAX_TREE_NODES}")
+            shown = "x".join(map(str, branching[:16])) + ("x..." if len(branching) > 16 else "")
+            raise ValueError(f"the k-config {shown} has {'more than ' if len(branching) > 16 else ''}{total} nodes, "
+                             f"above the limit of {MAX_TREE_NODES}")
         return _full_tree(branching)
 
     @classmethod
@@ -274,12 +277,17 @@ def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
     try:
         ks = tuple(int(k) for k in items)
     except (TypeError, ValueError):
-        raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {text!r}") \
-            from None
+        raise ValueError("k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got "
+                         f"{_short(text)}") from None
     if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {text!r}")
+        raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {_short(text)}")
     TokenTree.from_branching(ks)  # the node limit
     return ks
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def load_tree(path: str | Path) -> TokenTree:

@@ -109,3 +109,11 @@ def test_a_draft_whose_tokenizer_maps_other_ids_is_refused_and_a_matching_one_ch
     assert (id(target.tokenizer), id(draft.tokenizer)) in api._SAME_VOCAB
     out = generate(target, draft, [1, 2, 3], method="sd:gamma=2", max_new_tokens=4, temperature=0)
     assert len(out.token_ids) == 4
+
+
+@pytest.mark.parametrize("method,param", [("sd", "gamma"), ("beam", "width"), ("batch-sd", "drafts"),
+                                          ("bild", "max_unchecked")])
+def test_the_library_refuses_sizes_that_would_exhaust_memory(method, param):
+    target = tiny_llama(seed=3)
+    with pytest.raises(ValueError, match=rf"{param} must be an integer in \[1, \d+\]( or 'auto')?, got 10000000000"):
+        generate(target, tiny_llama(seed=4), [1, 2], method=method, max_new_tokens=4, **{param: 10**10})

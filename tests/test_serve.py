@@ -3,6 +3,7 @@ over the default pair."""
 
 import http.client
 import json
+import os
 import socket
 import statistics
 import threading
@@ -39,8 +40,8 @@ class Running:
     def client(self, **kw):
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0, **kw)
 
-    def request(self, method: str, path: str, body: bytes | None = None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 120):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read().decode()
@@ -138,8 +139,8 @@ LONG = "word " * 9000  # more tokens than the default target's context of 8192
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "temperature": 3}, 400, "temperature"),
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 10**6}, 400, "context"),
-    ("/v1/completions", {"model": "multispec", "prompt": LONG}, 400, "context"),
+    ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 10**6}, 400, "limit"),
+    ("/v1/completions", {"model": "multispec", "prompt": LONG}, 400, "limit"),
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "n": 2}, 400, "'n'"),
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "seed": -1}, 400, "seed"),
     ("/v1/completions", {"model": "multispec", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -153,7 +154,7 @@ LONG = "word " * 9000  # more tokens than the default target's context of 8192
     ("/v1/chat/completions", {"model": "multispec", "messages": [{"role": "wizard", "content": "hi"}]}, 400,
      "role"),
     ("/v1/chat/completions", {"model": "multispec", "messages": [{"role": "user", "content": LONG}]}, 400,
-     "context"),
+     "limit"),
     ("/v1/embeddings", {"model": "multispec", "input": "hi"}, 404, "no route"),
 ])
 def test_bad_requests_get_a_clear_4xx(server, path, body, status, needle):
@@ -176,12 +177,12 @@ def test_full_queue_answers_429_and_a_client_leaving_cancels_its_generation(defa
     small = Running(default_pair, max_queue=0)  # the shared server is idle meanwhile: one generation at a time
     try:
         client = small.client()
-        stream = client.completions.create(model="multispec", prompt="Count to a thousand:", max_tokens=4000,
+        stream = client.completions.create(model="multispec", prompt="Count to a thousand:", max_tokens=1000,
                                            temperature=1, stream=True, extra_body={"method": "ar"})
         next(iter(stream))  # the generation is running
         with pytest.raises(openai.RateLimitError, match="busy"):
             client.completions.create(model="multispec", prompt="hi", max_tokens=4, extra_body={"method": "ar"})
-        stream.close()  # the client leaves: its 4000-token generation (minutes) must end within seconds
+        stream.close()  # the client leaves: its 1000-token generation (a minute) must end within seconds
         deadline = time.time() + 20
         while json.loads(small.request("GET", "/health")[1])["waiting"]:
             assert time.time() < deadline, "the abandoned generation was not cancelled"
@@ -260,3 +261,129 @@ def test_a_server_default_method_that_needs_a_missing_draft_is_refused(default_p
         Server(ModelPair(default_pair.target, None), method="sd:gamma=3")
     with pytest.raises(ValueError, match="max_queue"):
         Server(default_pair, max_queue=-1)
+
+
+def test_a_value_error_inside_generation_is_a_500_that_names_only_its_type(server, monkeypatch):
+    import multispec.serve
+
+    def broken(*args, **kwargs):
+        raise ValueError("a secret internal detail")
+
+    monkeypatch.setattr(multispec.serve, "generate", broken)
+    got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
+    assert got == 500 and json.loads(text)["error"]["message"] == "internal error (ValueError)"
+    assert "secret" not in text
+
+
+# -- hostile requests: the cases the fuzz (test_serve_fuzz.py) found or was built for ----------------------------
+
+def _fifo_and_marker(tmp_path):
+    marker = "MARKER-in-a-file-on-disk"
+    tree_file = tmp_path / "tree.json"
+    tree_file.write_text(json.dumps([-1, 0, marker]))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # reading it blocks until a writer comes: it held the event loop, /health included
+    return marker, [str(tree_file), str(fifo), str(tmp_path / "missing.json"), "/etc/passwd"]
+
+
+def test_a_request_never_names_a_file(server, tmp_path):
+    marker, paths = _fifo_and_marker(tmp_path)
+    messages = set()
+    for path in paths:
+        for body in ({"method": f"mcsd:tree={path}"}, {"method": "specinfer", "method_params": {"tree": path}}):
+            body.update(model="multispec", prompt="hi", max_tokens=2)
+            got, text = server.request("POST", "/v1/completions", json.dumps(body).encode(), timeout=10)
+            assert got == 400 and marker not in text, text
+            error = json.loads(text)["error"]
+            assert "file paths are not accepted" in error["message"] and error["param"] == "method"
+            messages.add(error["message"])
+    assert len(messages) == 1  # the same answer whether the file exists, is readable, or is a pipe
+    got, text = server.request("POST", "/v1/completions", json.dumps(
+        {"model": "multispec", "prompt": "hi", "max_tokens": 3, "temperature": 0, "method": "mcsd",
+         "method_params": {"tree": [-1, -1, 0]}}).encode())
+    assert got == 200 and json.loads(text)["spec_decode"]["num_drafts"] >= 1  # a tree inline is taken
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"method": "sd:gamma=10000000000"}, 400, "gamma"),  # it built a tuple of gamma elements: memory exhausted
+    ({"method": "beam", "method_params": {"width": 100000}}, 400, "width must be an integer in [1, 64]"),
+    ({"method": "dsbd", "method_params": {"draft_width": 9, "beam_width": 9}}, 400, "limit of 8 (rows)"),
+    ({"method": "mcsd", "method_params": {"k_config": "8x8"}}, 400, "72 nodes, above this server's limit of 64"),
+    ({"method": "mcsd", "method_params": {"k_config": "1x" * 5000 + "1"}}, 400, "k_config"),
+    ({"method": "batch-sd:drafts=8,gamma=16"}, 400, "128 nodes"),
+    ({"method": "mcsd:k_config=9x1,tree_attention=false"}, 400, "paths"),
+    ({"method": "sd", "method_params": {"gamma": 10**400}}, 400, "gamma"),
+    ({"method": "sd-opt", "method_params": {"eps": float("inf")}}, 400, "eps must be a finite number"),
+    ({"stop": ["x" * 129]}, 400, "'stop'"),
+    ({"max_tokens": 1025}, 400, "above this server's limit of 1024"),
+    ({"prompt": "word " * 5000}, 400, "above this server's limit of 4096"),
+    ({"top_k": 10**30, "method": "ar"}, 200, ""),  # keeps every token: off
+])
+def test_sizes_are_bounded_before_any_work(server, body, status, needle):
+    request = {"model": "multispec", "prompt": "hi", "max_tokens": 2, **body}
+    t0 = time.perf_counter()
+    got, text = server.request("POST", "/v1/completions", json.dumps(request).encode(), timeout=30)
+    assert got == status, text
+    assert time.perf_counter() - t0 < 10
+    if status >= 400:
+        assert needle in json.loads(text)["error"]["message"]
+
+
+@pytest.mark.parametrize("raw,status,needle", [
+    (DEEP, 400, "nested too deeply"),
+    (b'{"model": "multispec", "prompt": ' + b"9" * 6000 + b"}", 400, "not valid JSON"),
+    (b'{"model": "multispec", "prompt": "' + b"a" * (1 << 20) + b'"}', 413, "larger than the limit"),
+    (json.dumps({"model": "multispec", "messages": [{"role": "user", "content": "hi"}] * 300}).encode(), 400,
+     "300 messages"),
+])
+def test_malformed_and_oversized_bodies_are_refused(server, raw, status, needle):
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    got, text = server.request("POST", path, raw)
+    assert got == status and needle in json.loads(text)["error"]["message"], text
+
+
+def test_a_whole_response_is_cancelled_when_its_client_leaves(server):
+    # tokens flow all the while: the disconnect was only looked for after half a second without one, so the
+    # abandoned generation ran to max_tokens (minutes) and held the worker
+    cancelled = server.metric("multispec_requests_cancelled_total")
+    body = json.dumps({"model": "multispec", "prompt": "Count to a thousand:", "max_tokens": 1000, "temperature": 1,
+                       "method": "ar"}).encode()
+    conn = socket.create_connection(("127.0.0.1", server.port))
+    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 30
+    while not json.loads(server.request("GET", "/health")[1])["waiting"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    time.sleep(1.5)  # generating
+    conn.close()
+    left = time.time()
+    while json.loads(server.request("GET", "/health")[1])["waiting"]:
+        assert time.time() - left < 5, "the abandoned generation was not cancelled"
+        time.sleep(0.05)
+    assert server.metric("multispec_requests_cancelled_total") == cancelled + 1
+
+
+def test_server_limits_are_set_per_server_and_checked(default_pair):
+    from multispec.serve import Limits, Server
+
+    assert Limits.parse(["gamma=4", "max-tokens=64"]) == Limits(gamma=4, max_tokens=64)
+    with pytest.raises(ValueError, match="NAME one of"):
+        Limits.parse(["colour=3"])
+    with pytest.raises(ValueError, match="limit gamma must be an integer >= 1"):
+        Limits.parse(["gamma=0"])
+    with pytest.raises(ValueError, match="max_tokens must be an integer in"):
+        Server(default_pair, max_tokens=200, limits=Limits(max_tokens=100))
+
+
+def test_every_size_of_every_method_has_a_server_limit():
+    from multispec.decoding import METHODS
+    from multispec.serve import Limits
+
+    for method in METHODS.values():
+        for key, p in method.params.items():
+            if p.type in (int,) or p.high is not None:
+                assert p.high is not None and key in Limits.SIZES, (method.name, key)

@@ -72,3 +72,43 @@ def test_a_progress_note_during_streamed_text_starts_on_its_own_line(capsys):
     out, err = capsys.readouterr()
     assert out == "1. Danube\n2. Nile"  # the text itself is untouched
     assert err == "\nmultispec: compiling ...\nmultispec: loaded\nmultispec: done\n"
+
+
+def byte_decode(pieces):
+    """A byte-level tokenizer's decode: token i is the bytes pieces[i]; an incomplete character at the end
+    decodes to U+FFFD, as transformers' byte-level decoders give it."""
+    return lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_that_ends_in_an_incomplete_character_is_held_back_whole():
+    # "xxa" then the two bytes of "é": while "é" is incomplete the text is "xxa\ufffd", whose "a" may begin the
+    # stop string "aé"; letting it out leaked a part of the stop (the text came out "xxa", not "xx")
+    s = TextStream(byte_decode([b"xxa", b"\xc3", b"\xa9", b"z"]), stop=["a\u00e9"])
+    pieces = [s.push([0]), s.push([1]), s.push([2])]
+    assert s.stopped and "".join(pieces) == "xx" and s.text == "xx"
+    assert s.push([3]) == "" and s.finish() == ""
+
+
+def test_text_goes_on_after_the_tokenizer_rewrites_what_was_sent():
+    # a tokenizer that cleans up spaces before punctuation: "Hello" " " decodes "Hello ", then "." rewrites it to
+    # "Hello.": what was sent stays sent, and the text after it still comes (it stalled for good before)
+    words = ["Hello", " ", ".", " world", " again"]
+
+    def decode(ids):
+        return "".join(words[i] for i in ids).replace(" .", ".")
+
+    s = TextStream(decode)
+    pieces = [s.push([i]) for i in range(len(words))] + [s.finish()]
+    assert pieces[:2] == ["Hello", " "]
+    assert "".join(pieces) == s.text == "Hello . world again"
+
+
+def test_without_a_rewrite_the_pieces_join_to_the_decoded_text_with_clean_up():
+    words = ["Hello", ".", " world"]
+
+    def decode(ids):
+        return "".join(words[i] for i in ids).replace(" .", ".")
+
+    s = TextStream(decode, stop=["zz"])
+    pieces = [s.push([i]) for i in range(len(words))] + [s.finish()]
+    assert "".join(pieces) == decode([0, 1, 2]) == "Hello. world"

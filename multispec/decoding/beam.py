@@ -16,7 +16,7 @@ import torch
 
 from ..engine import Hypotheses, Session
 from ..warp import categorical
-from .registry import LENGTH_PENALTY, Method, Param, register
+from .registry import LENGTH_PENALTY, MAX_ROWS, Method, Param, register, size
 
 
 def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float) -> None:
@@ -59,7 +59,7 @@ def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float
 
 register(Method("beam", decode, needs_draft=False, exact="reference",
                 summary="target-only beam sampling, or deterministic beam search",
-                params={"width": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "beam width W"),
+                params={"width": size(4, MAX_ROWS, "beam width W"),
                         "deterministic": Param(bool, False, rule="true or false",
                                                help="keep the W best extensions instead of sampling"),
                         "length_penalty": LENGTH_PENALTY}))

@@ -17,7 +17,7 @@ from ..drafting import DraftChain, setup_of
 from ..engine import Entries, Session
 from ..verify import rollback_verify
 from .loop import speculate
-from .registry import Method, Param, register
+from .registry import MAX_DEPTH, Method, Param, register, size
 
 
 def decode(s: Session, *, fallback: float, rollback: float, max_unchecked: int) -> None:
@@ -37,8 +37,7 @@ register(Method("bild", decode, needs_draft=True,
                 params={"fallback": Param(float, 0.9, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                                           "hand over to the target after a draft token drawn from a distribution "
                                           "whose largest probability is below this"),
-                        "rollback": Param(float, 1.0, lambda v: v >= 0, "a number >= 0",
+                        "rollback": Param(float, 1.0, lambda v: 0 <= v <= 1e6, "a number in [0, 1e6]",
                                           "roll back at the first draft token whose -log target probability "
                                           "exceeds this"),
-                        "max_unchecked": Param(int, 10, lambda v: v >= 1, "an integer >= 1",
-                                               "draft tokens before the target checks them anyway")}))
+                        "max_unchecked": size(10, MAX_DEPTH, "draft tokens before the target checks them anyway")}))

@@ -38,7 +38,7 @@ from ..drafting import ForestDraft, setup_of
 from ..drafting.beams import Forest, grow_rows, outputs_in_rows
 from ..engine import Entries, Hypotheses, Session
 from ..verify import forest_verify
-from .registry import LENGTH_PENALTY, Method, Param, register
+from .registry import LENGTH_PENALTY, MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
 def decode(s: Session, *, gamma: int, draft_width: int, beam_width: int | None, width_threshold: float,
@@ -112,19 +112,16 @@ register(Method("dsbd", decode, needs_draft=True, greedy=False,
                       "ar's); a dynamic width changes the schedule, one_cache keeps no known law",
                 summary="dynamic-width speculative beam decoding: a draft forest from every beam, verified "
                         "layer by layer (DSBD)",
-                params={"gamma": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "draft layers per target call"),
-                        "draft_width": Param(int, 3, lambda v: v >= 1, "an integer >= 1",
-                                             "draft beams per layer W_S"),
-                        "beam_width": Param(int, None, lambda v: v >= 1, "an integer >= 1 (at most draft_width)",
-                                            "beams kept W_L: the hypotheses per iteration and a fixed-width "
+                params={"gamma": size(3, MAX_DEPTH, "draft layers per target call"),
+                        "draft_width": size(3, MAX_ROWS, "draft beams per layer W_S"),
+                        "beam_width": size(None, MAX_ROWS, "beams kept W_L: the hypotheses per iteration and a fixed-width "
                                             "layer's acceptances; default draft_width, as the paper's "
                                             "experiments (the authors' code keeps W_S beams)"),
                         "width_threshold": Param(float, 0.7, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                                                  "a layer needs the largest K with P(at least K drafts "
                                                  "accepted) >= this, at most beam_width; 0: beam_width (fixed "
                                                  "width)"),
-                        "min_width": Param(int, 1, lambda v: v >= 1, "an integer >= 1",
-                                           "the least a layer must accept (W_min)"),
+                        "min_width": size(1, MAX_ROWS, "the least a layer must accept (W_min)"),
                         "one_cache": Param(bool, False, rule="true or false",
                                            help="keep one beam per iteration: one cache row per model"),
                         "output": Param(str, "best", lambda v: v in ("best", "sample"), "'best' or 'sample'",

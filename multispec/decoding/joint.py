@@ -30,7 +30,7 @@ from ..drafting.beams import BEAM_WARPS
 from ..engine import Entries, Session
 from ..verify import joint_verify
 from .loop import speculate
-from .registry import Method, Param, register
+from .registry import MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
 def decode_mtad(s: Session, *, gamma: int, width: int, tau: float, ratio: str, threshold: str, beam_warp: str) -> None:
@@ -56,8 +56,8 @@ def _joint(s: Session, drafter: BeamDraft, gamma: int, tau: float, ratio: str, t
 
 def _joint_params(beam_warp: str) -> dict[str, Param]:
     return {
-        "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "tokens drafted per target call"),
-        "width": Param(int, 8, lambda v: v >= 1, "an integer >= 1", "draft beams W"),
+        "gamma": size(4, MAX_DEPTH, "tokens drafted per target call"),
+        "width": size(8, MAX_ROWS, "draft beams W"),
         "tau": Param(float, 0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                      "a prefix passes when min(1, target joint / draft joint) > tau; 0 accepts any prefix the "
                      "target allows, 1 none"),

@@ -16,7 +16,7 @@ import torch
 
 from ..engine import Session
 from ..models.markov import MarkovLM
-from .registry import Method, Param, register
+from .registry import MAX_DEPTH, Method, Param, register, size
 
 MAX_BLOCKS = 1 << 20
 
@@ -62,7 +62,7 @@ def decode(s: Session, *, gamma: int, bonus: bool) -> None:
 
 register(Method("mtjd", decode, needs_draft=False, exact="reference: the target's exact joint over blocks",
                 summary="exact multi-token joint decoding by enumerating every block (MarkovLM test models only)",
-                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "tokens per block"),
+                params={"gamma": size(4, MAX_DEPTH, "tokens per block"),
                         "bonus": Param(bool, False, rule="true or false",
                                        help="one token from the target after each block, as the joint methods "
                                             "draw one")},

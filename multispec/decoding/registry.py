@@ -5,11 +5,18 @@ elsewhere."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..trees import parse_k_config
+
+# The library's bounds on a method's sizes, so that one call cannot exhaust memory or time before it starts
+# (a server sets tighter ones: `multispec.serve.Limits`). Trees are bounded by `trees.MAX_TREE_NODES`.
+MAX_DEPTH = 256  # draft positions per target call (gamma, max_unchecked): a chain is a tree of this many nodes
+MAX_ROWS = 64  # beams or draft chains: cache rows per model
+MAX_NGRAM = 64  # the longest n-gram a copying drafter matches
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,18 @@ class Param:
     check: Callable[[Any], bool] = lambda v: True
     rule: str = ""
     help: str = ""
+    # a size (draft positions, rows, n-gram length): its largest value; servers bound every such parameter
+    high: int | None = None
+    # the value may name a file the method reads (a tree): refused where files must not be named (`resolve`)
+    file: bool = False
+
+
+def size(default: int | None, high: int, help: str, auto: bool = False) -> Param:
+    """An integer parameter in [1, high] (or 'auto', with `auto`)."""
+    if auto:
+        return Param(IntOrAuto, default, lambda v: v == "auto" or 1 <= v <= high,
+                     f"an integer in [1, {high}] or 'auto'", help, high)
+    return Param(int, default, lambda v: 1 <= v <= high, f"an integer in [1, {high}]", help, high)
 
 
 @dataclass(frozen=True)
@@ -41,20 +60,26 @@ class Method:
         drafter = params.get("drafter", "model")
         return {"model": "required", "hybrid": "optional"}.get(drafter, "none")
 
-    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
-        """Defaults filled in, types and ranges checked; ValueError naming the parameter otherwise."""
+    def resolve(self, given: dict[str, Any], files: bool = True) -> dict[str, Any]:
+        """Defaults filled in, types and ranges checked; ValueError naming the parameter otherwise. Without
+        `files`, a parameter that could name a file takes inline values only: a text that is not one of its
+        keywords is refused before anything is read, and the refusal does not depend on the file system."""
         out = {}
         for key, value in given.items():
             if key not in self.params:
-                known = ", ".join(self.params) or "none"
-                raise ValueError(f"method {self.name!r} has no parameter {key!r} (its parameters: {known})")
+                known = ", ".join(str(k) for k in self.params) or "none"
+                raise ValueError(f"method {self.name!r} has no parameter {str(key)[:64]!r} (its parameters: "
+                                 f"{known})")
             spec = self.params[key]
+            if spec.file and not files and isinstance(value, str) and value != "auto":
+                raise ValueError(f"{key} must be given inline here (a JSON list of parent indices or nested "
+                                 "lists, or 'auto'): file paths are not accepted")
             if value is None and spec.default is None:  # "not set": the method derives it (e.g. from another)
                 out[key] = None
                 continue
             value = coerce(key, value, spec.type)
             if not spec.check(value):
-                raise ValueError(f"{key} must be {spec.rule}, got {value!r}")
+                raise ValueError(f"{key} must be {spec.rule}, got {_short(value)}")
             out[key] = value
         for key, spec in self.params.items():
             out.setdefault(key, spec.default)
@@ -63,6 +88,12 @@ class Method:
             if out.get(low) is not None and out.get(high) is not None and out[low] > out[high]:
                 raise ValueError(f"{low} ({out[low]}) must not exceed {high} ({out[high]})")
         return out
+
+
+def _short(value: Any) -> str:
+    """A value in an error message: its repr, cut (a request's value may be long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def coerce(key: str, value: Any, kind: type) -> Any:
@@ -75,23 +106,30 @@ def coerce(key: str, value: Any, kind: type) -> Any:
         raise ValueError(f"{key} must be true or false, got {value!r}")
     if kind is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError(f"{key} must be an integer, got {value!r}")
+            raise ValueError(f"{key} must be an integer, got {_short(value)}")
+        if isinstance(value, str) and len(value) > 32:  # int() of a long digit string costs quadratic time
+            raise ValueError(f"{key} must be an integer, got {_short(value)}")
         try:
             return int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key} must be an integer, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{key} must be an integer, got {_short(value)}") from None
     if kind is IntOrAuto:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
         try:
             return coerce(key, value, int)
         except ValueError:
-            raise ValueError(f"{key} must be an integer or 'auto', got {value!r}") from None
+            raise ValueError(f"{key} must be an integer or 'auto', got {_short(value)}") from None
     if kind is float:
         try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{key} must be a number, got {value!r}") from None
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{key} must be a number, got {_short(value)}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{key} must be a finite number, got {_short(value)}")
+        return number
+    if kind is str and not isinstance(value, str):
+        raise ValueError(f"{key} must be text, got {_short(value)}")
     return value
 
 
@@ -124,8 +162,8 @@ def drafter_params(tree: bool = False) -> dict[str, Param]:
         "drafter": Param(str, "model", lambda v: v in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS),
                          "who drafts: the draft model, prompt lookup, suffix matching (no model needed), or "
                          f"hybrid: a copy where the text repeats, {what}"),
-        "min_ngram": Param(int, 1, lambda v: v >= 1, "an integer >= 1", "shortest n-gram a copy may match"),
-        "max_ngram": Param(int, 3, lambda v: v >= 1, "an integer >= 1", "longest n-gram a copy tries to match"),
+        "min_ngram": size(1, MAX_NGRAM, "shortest n-gram a copy may match"),
+        "max_ngram": size(3, MAX_NGRAM, "longest n-gram a copy tries to match"),
     }
 
 
@@ -138,7 +176,7 @@ def _is_k_config(value) -> bool:
 
 
 def k_config_param(default: str, help: str) -> Param:
-    return Param(str, default, _is_k_config,
+    return Param(object, default, _is_k_config,
                  "branching factors >= 1 joined by 'x' (e.g. 4x2x2; depth = number of factors), at most 256 nodes",
                  help)
 

@@ -23,7 +23,7 @@ from ..models.cost import forward_cost
 from ..verify import chain, greedy_verify, relaxed_verify, speculative_verify
 from ..warp import LazyRows, argmax
 from .loop import speculate
-from .registry import BONUS, IntOrAuto, Method, Param, drafter_params, register
+from .registry import BONUS, MAX_DEPTH, Method, Param, drafter_params, register, size
 
 
 def decode(s: Session, *, gamma: int | str, bonus: bool, confidence: float, drafter: str, min_ngram: int,
@@ -66,9 +66,8 @@ def decode_relaxed(s: Session, *, gamma: int, eps: float, resample: str, bonus: 
 
 register(Method("sd", decode, needs_draft=True, exact="equals ar in distribution",
                 summary="speculative sampling with a chain of gamma drafts",
-                params={"gamma": Param(IntOrAuto, 4, lambda v: v == "auto" or v >= 1, "an integer >= 1 or 'auto'",
-                                       "drafts per target call (at most); auto: chosen each call from the "
-                                       "target's measured cost curve and the acceptance so far"),
+                params={"gamma": size(4, MAX_DEPTH, "drafts per target call (at most); auto: chosen each call from the "
+                                            "target's measured cost curve and the acceptance so far", auto=True),
                         "bonus": BONUS,
                         "confidence": Param(float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]",
                                             "end a chain after a draft token the draft gave less than this "
@@ -76,8 +75,8 @@ register(Method("sd", decode, needs_draft=True, exact="equals ar in distribution
                         **drafter_params()}))
 register(Method("sd-opt", decode_relaxed, needs_draft=True, exact="biased when eps > 0 (eps = 0 is sd)",
                 summary="over-accepting speculative sampling (Decoding-OPT / UNO of Yin et al., 2024)",
-                params={"gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per target call"),
-                        "eps": Param(float, 0.1, lambda v: v >= 0, "a number >= 0",
+                params={"gamma": size(4, MAX_DEPTH, "drafts per target call"),
+                        "eps": Param(float, 0.1, lambda v: 0 <= v <= 1e6, "a number in [0, 1e6]",
                                      "over-acceptance: accept with min(1, (target + eps) / draft)"),
                         "resample": Param(str, "opt", lambda v: v in ("opt", "uno"), "'opt' or 'uno'",
                                           "on rejection: the optimal residual (opt) or the target (uno)"),

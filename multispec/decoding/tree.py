@@ -38,7 +38,17 @@ from ..verify import (
 )
 from ..warp import argmax
 from .loop import speculate
-from .registry import BONUS, Method, Param, drafter_params, k_config_param, register
+from .registry import (
+    BONUS,
+    MAX_DEPTH,
+    MAX_ROWS,
+    Method,
+    Param,
+    drafter_params,
+    k_config_param,
+    register,
+    size,
+)
 
 # the node rules whose outcome on one-hot target rows `greedy_tree_verify` gives
 EXACT_RULES = (recursive_rejection, without_replacement_rejection, naive_rejection)
@@ -256,10 +266,11 @@ def _check_acceptance(value) -> bool:
     return True
 
 
-TREE = Param(object, None, _check_tree, "'auto', or a JSON file of parent indices or nested lists",
-             "any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
+TREE = Param(object, None, _check_tree, "'auto', a JSON list of parent indices or nested lists, or a JSON file of "
+             "one", file=True, help="any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
              "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
-             "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia)")
+             "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia); "
+             "a server takes the list inline, never a file")
 ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1, or a row "
                    "per depth separated by ';', e.g. '0.5/0.2;0.6/0.3'",
                    "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
@@ -298,8 +309,8 @@ def replacement_param(default: bool, help: str) -> Param:
 
 register(Method("batch-sd", decode_batch, needs_draft=True, exact="equals ar in distribution",
                 summary="M independent draft chains verified together (batch SD of Yin et al., 2024)",
-                params={"drafts": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "number of draft chains M"),
-                        "gamma": Param(int, 4, lambda v: v >= 1, "an integer >= 1", "drafts per chain"),
+                params={"drafts": size(4, MAX_ROWS, "number of draft chains M"),
+                        "gamma": size(4, MAX_DEPTH, "drafts per chain"),
                         "bonus": BONUS,
                         **drafter_params(tree=True)}))
 register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distribution",

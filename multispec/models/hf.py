@@ -201,6 +201,9 @@ class HFModel(LanguageModel):
         self._graphs: dict[tuple, Any] = {}
         self._graph_pool = None
         self.compiles = 0  # compiled graphs made (a new shape, or a recompile)
+        # the fallbacks so far, one line each: a compiled or captured step that failed ran again uncompiled or
+        # uncaptured, for the rest of that cache's generation only (the model stays as it was for the next)
+        self.fallbacks: list[str] = []
         self.compile_seconds = 0.0  # time spent making them (one-time costs, not decoding)
         self._compiled: dict[str, Any] = {}  # a compiled step per kernel variant
         self._packages: dict[tuple[str, tuple[int, int]], Any] = {}  # (variant, shape) -> a step loaded from disk
@@ -462,15 +465,15 @@ class HFModel(LanguageModel):
             if past:
                 raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
             cache.reserve(cache.capacity, rows=b)
-        if (past == 0 and self.compile and self.kernel == INVARIANT and 0 < fused_prefix < n - 1
+        if (past == 0 and self.compile and cache.compiled and self.kernel == INVARIANT and 0 < fused_prefix < n - 1
                 and n - fused_prefix - 1 <= COMPILED_TOKENS):
             return self._prompt_then_steps(cache, tokens, positions, mask, logits_to_keep, fused_prefix,
                                            batch_invariant)
         # a prompt (the first feed) runs eagerly: its length differs from call to call
-        compiled = self.compile and past > 0 and n <= COMPILED_TOKENS
+        compiled = self.compile and cache.compiled and past > 0 and n <= COMPILED_TOKENS
         if compiled and batch_invariant:  # (a draft's forwards are not: its logits decide nothing)
             self.resolve_kernel()
-        graphed = self.graphs and past > 0 and n <= COMPILED_TOKENS
+        graphed = self.graphs and cache.captured and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
         # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
         invariant = compiled and self.kernel == INVARIANT
@@ -531,10 +534,10 @@ class HFModel(LanguageModel):
             try:
                 logits = self._run_graphed(ids, pos, masks, slots, cache)
             except Exception as e:  # noqa: BLE001 - a step that cannot be captured still decodes, uncaptured
-                self.graphs = False
-                self._graphs.clear()
-                note(f"multispec: {self.name} runs without CUDA graphs: its capture failed ({type(e).__name__}: "
-                     f"{' '.join(str(e).split())[:200]})")
+                # for this cache only: the next generation tries its graphs again
+                cache.captured = False
+                self._fall_back(f"this generation runs without CUDA graphs: a capture failed ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
             cache.length = past + n
             logits = logits[:, :n]
@@ -553,15 +556,17 @@ class HFModel(LanguageModel):
                 # nothing is committed before the compiled call returns (the length is set after it), so the
                 # same feed runs again from the top: batch-invariant on oneDNN where our kernel's step failed,
                 # else eagerly
+                # else eagerly; for this cache only (one generation): the model stays as it was, so a failure
+                # in one request changes neither the speed nor the tokens of the next
                 why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-                if invariant and self._invariant_kind == INVARIANT_DPBF16:
-                    self._invariant_kind = INVARIANT
-                    note(f"multispec: {self.name}'s batch-invariant steps run on oneDNN: on our kernel they did "
-                         f"not compile ({why})")
+                if invariant and (cache.invariant_kind or self._invariant_kind) == INVARIANT_DPBF16:
+                    cache.invariant_kind = INVARIANT
+                    self._fall_back(f"this generation's batch-invariant steps run on oneDNN: on our kernel a step "
+                                    f"failed ({why})")
                     return self.forward(cache, tokens, positions, mask, logits_to_keep,
                                         batch_invariant=batch_invariant)
-                self.compile = False
-                note(f"multispec: {self.name} runs uncompiled: its compile failed ({why})")
+                cache.compiled = False
+                self._fall_back(f"this generation runs uncompiled: a compiled step failed ({why})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
             if invariant and b == 1 and width not in self.invariance:
                 logits = logits.clone()  # the probe runs steps of its own before this feed returns
@@ -721,10 +726,17 @@ class HFModel(LanguageModel):
             return self._exact_step
         return self._invariant_step if kind == INVARIANT else self._step
 
+    def _fall_back(self, why: str) -> None:
+        self.fallbacks.append(why)
+        note(f"multispec: {self.name}: {why}")
+
     def _run_compiled(self, ids, positions, masks, slots, cache):
         args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
-        kind = self.invariant_kind() if self.kernel == INVARIANT else self.kernels.get(shape)
+        if self.kernel == INVARIANT:
+            kind = cache.invariant_kind or self.invariant_kind()
+        else:
+            kind = self.kernels.get(shape)
         if kind is None:
             if self.kernel != "auto" or self.device.type != "cpu":
                 kind = self.kernel

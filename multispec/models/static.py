@@ -364,6 +364,9 @@ class StaticKV:
         self.keys: list[torch.Tensor] = []  # per layer, views of the group buffers
         self.values: list[torch.Tensor] = []
         self.positions = torch.zeros(1, 0, dtype=torch.long, device=device)
+        # what this cache's steps may run (a generation's own): a compiled or captured step that failed turns
+        # them off here, never for the model (`HFModel.forward`); `invariant_kind` overrides the model's variant
+        self.compiled, self.captured, self.invariant_kind = True, True, None
         self.reserve(capacity)
 
     @torch.inference_mode()
