@@ -1,5 +1,5 @@
-"""What W draft beams cost per iteration, two ways (issue 20): the beams grown as a tree of W nodes per
-depth in ONE draft cache row (`BeamDraft`, what `mtad` / `mjsd` use), against W cache rows reordered as
+"""What W draft beams cost per iteration, two ways: the beams grown as a tree of W nodes per depth
+in ONE draft cache row (`BeamDraft`, what `mtad` / `mjsd` use), against W cache rows reordered as
 beams are chosen (the authors' code's layout: the prompt's cache copied into W rows, `index_select` on
 every reorder, one row kept at commit).
 

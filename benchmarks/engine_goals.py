@@ -1,7 +1,9 @@
-"""Issue 29's goals read off a `multispec bench` results.jsonl: paired per-prompt speed ratios by category
-and temperature, the seeds' claims in direction, and where the time of each method went.
+"""The engine's speed goals read off a `multispec bench` results.jsonl (`ar` at least 2x `hf`; the default at
+least 1.5x `hf` and 1x `hf-lookup`, `hf-assisted` and llama.cpp; the seeds' methods at least level with `sd` or
+`ar`): paired per-prompt speed ratios by category and temperature, the seeds' claims in direction, and where
+the time of each method went.
 
-    python benchmarks/engine_goals.py benchmarks/results/engine-bench-s27-cpu-2core/bench/results.jsonl
+    python benchmarks/engine_goals.py benchmarks/results/engine-bench/bench/results.jsonl
 
 Ratios are medians over prompts of (tokens/s of a / tokens/s of b) on the same prompt and temperature;
 "all" pools the categories. A comparison whose method is missing prints "–".

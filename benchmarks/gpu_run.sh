@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 29's GPU checks and timings, for a lent machine (see benchmarks/results/gpu-h200-s33/README.md).
+# GPU checks and timings (CUDA tests, cost curves under graphs, greedy drift, the bench) for a lent machine. Its
+# runs: benchmarks/results/gpu-h100/, and benchmarks/results/gpu-h200/ (an earlier version of this script).
 #
 # That machine has torch, transformers and most packages but no network. The rest travels in .dev/ (ignored by
 # git), which `bash benchmarks/gpu_run.sh prepare` makes here: the wheels of gguf, rouge-score and nltk, the

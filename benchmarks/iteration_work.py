@@ -94,7 +94,7 @@ def main() -> None:
     import multispec.warp as warp
     from multispec.api import generate, load_pair
     from multispec.decoding import tree as tree_method
-    from multispec.models.cost import describe_device
+    from multispec.machine import describe_device
 
     pair = load_pair(compile=args.compile)
     timers = Timers()

@@ -84,15 +84,15 @@ def run(args) -> None:
             methods[f"mcsd:optimal-{n}"] = ("mcsd", {"tree": best, "replacement": False,
                                                      "_predicted": tree_value(best, reach),
                                                      "_kconfig_predicted": tree_value(tree, reach)})
-        # tree=auto as tune offers it (its prior and measured per-iteration work); --adapt: the clock-following
-        # variant that sessions 22-24's rows ran
+        # tree=auto as tune offers it (its prior and measured per-iteration work); --adapt: the variant
+        # that follows the call's clock (adapt=true)
         auto = next((c["plan"] for c in evidence["candidates"] if c["plan"].startswith("mcsd:tree=auto")), None)
         if args.adapt or auto is None:
             methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "adapt": True,
                                                   "replacement": False})
         else:
             methods["mcsd:tree=auto"] = (auto, {})
-            if args.unscaled_auto:  # the same prior, priced as tune wrote it in session 39: A/B/A (no chain line,
+            if args.unscaled_auto:  # the same prior, priced as an earlier tune wrote it: A/B/A (no chain line,
                 # a plain step's work taken as a tree iteration's), no factors
                 params = dict(item.split("=", 1) for item in auto.split(":", 1)[1].split(","))
                 params.pop("factors", None)
@@ -204,7 +204,7 @@ def summarise(args) -> None:
             label = plan["method"] + (":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
                                       if plan["params"] else "")
             rs = by[(combo, "plan")]
-            row = plan["evidence"].get("chosen")  # plans since session 52
+            row = plan["evidence"].get("chosen")  # absent from older plans
             lengths = decoding = "-"
             if row is not None:  # its rows hold the draft's prompt forward too
                 new = sum(r["new_tokens"] for r in rs)

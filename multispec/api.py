@@ -259,10 +259,10 @@ def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:
 def _compiling(*models) -> tuple[float, int, int]:
     """One-time seconds so far (compiling the models' forwards, capturing their CUDA graphs, measuring their
     cost curves for gamma=auto), graphs compiled and CUDA graphs captured."""
-    from .models import cost
+    from . import machine
 
     models = [m for m in models if m is not None]
-    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + cost.calibration_seconds,
+    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + machine.calibration_seconds,
             sum(getattr(m, "compiles", 0) for m in models), sum(getattr(m, "graph_captures", 0) for m in models))
 
 

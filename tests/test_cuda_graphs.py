@@ -133,5 +133,5 @@ def test_a_step_that_cannot_be_captured_runs_uncaptured_with_one_line_saying_why
     monkeypatch.setattr(model, "_capture", refuse)
     got = generate(model, None, PROMPT, method="ar", temperature=0, max_new_tokens=8)
     assert got.token_ids == generate(eager, None, PROMPT, method="ar", temperature=0, max_new_tokens=8).token_ids
-    assert model.graphs is False
+    assert model.graphs and len(got.stats["fallbacks"]) == 1  # this generation ran uncaptured, the model is as it was
     assert "runs without CUDA graphs" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """The `llama-cpp` peer: llama.cpp (through `llama-cpp-python`) on a GGUF file of the target, the usual choice
 of a CPU user. Optional: it runs only where `llama-cpp-python` is installed, which builds llama.cpp from
-source (see the README's bench section for the build flags).
+source (see docs/benchmarks.md for the build flags).
 
 It decodes the prompt's token ids as our methods do (the GGUF must hold the target's vocabulary; checked on
 load), with llama.cpp's own sampler chain set to the bench's law: greedy at temperature 0, else top-k, top-p

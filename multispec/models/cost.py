@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-import hashlib
 import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,7 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import machine
+from ..machine import describe_device, instruction_sets, read_store, store_path, write_store_entry
 from .base import LanguageModel
+from .static import STEP_VERSION, bucket
 
 # the most drafts `gamma=auto` proposes
 MAX_AUTO_GAMMA = 10
@@ -105,11 +106,6 @@ def _curve_rows(cost: ForwardCost, most: int) -> np.ndarray:
     return rows
 
 
-def bucket(k: int) -> int:
-    """The power of two a padded forward of k new tokens runs at."""
-    return 1 << max(0, k - 1).bit_length()
-
-
 def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
     j = bisect.bisect_left(tokens, k)
     if j < len(tokens) and tokens[j] == k:
@@ -128,7 +124,6 @@ def _extend(tokens: tuple[int, ...], row: tuple[float, ...], k: int) -> float:
 ROUTE_MARGIN = 0.05  # a bucket moves to a larger one only when that one ran at least this much faster
 _COSTS: dict[str, ForwardCost] = {}
 _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process (not read from the folder)
-calibration_seconds = 0.0  # spent measuring cost curves in this process (not decoding)
 
 
 def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True, kernels: bool = True) -> str:
@@ -146,8 +141,6 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     # the float64 tail of each query's attention (`static.splits`), which curves measured before it lack
     variant = ""
     if engine.startswith("compiled"):
-        from .hf import STEP_VERSION
-
         # another compiled graph for the same model: its packages and curves are made again
         variant = f"|step={STEP_VERSION}"
         if kernels and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
@@ -167,27 +160,6 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
             f"torch={torch.__version__}|isa={instruction_sets()}" + variant + ("|masked" if masked else ""))
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (/proc/cpuinfo's "flags", or "Features" on ARM; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            line = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return frozenset()
-    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
-
-
-def instruction_sets() -> str:
-    """A short hash of the CPU's feature flags: hosts sold under one model name differ (one "AMD EPYC" here
-    had AVX-512 and bfloat16 instructions, the next only AVX2), and both timings and compiled code are
-    specific to them."""
-    import platform
-
-    text = " ".join(sorted(cpu_flags())) or platform.machine()
-    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
-
-
 def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False,
                  here: bool = False, batch_invariant: bool = True) -> ForwardCost:
     """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note).
@@ -198,7 +170,7 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     key = cost_key(model, masked, batch_invariant)
     if key in _COSTS and (not here or key in _MEASURED_HERE):
         return _COSTS[key]
-    store = _store_path() if _persistent(model) else None
+    store = store_path() if _persistent(model) else None
     if store is not None and not here:
         saved = read_store(store).get(key)
         if isinstance(saved, dict) and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
@@ -210,11 +182,10 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
                 # the curve read here was priced with them moved
                 route.update({int(b): int(x) for b, x in saved["route"].items()})
             return _COSTS[key]
-    global calibration_seconds
     compiled_before, t0 = getattr(model, "compile_seconds", 0.0), time.perf_counter()
     cost = measure_forward_cost(model, tokens, masked=masked, batch_invariant=batch_invariant)
     # a one-time cost, like compiling (which the model counts itself)
-    calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
+    machine.calibration_seconds += time.perf_counter() - t0 - (getattr(model, "compile_seconds", 0.0) - compiled_before)
     _COSTS[key] = cost
     _MEASURED_HERE.add(key)
     if store is not None:
@@ -223,26 +194,6 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
             entry["route"] = {str(b): x for b, x in model.bucket_route.items()}
         write_store_entry(store, key, entry)
     return cost
-
-
-def read_store(path: Path) -> dict:
-    """A per-machine JSON store (cost curves, compiled-kernel choices): {} when absent or unreadable."""
-    try:
-        data = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_store_entry(path: Path, key: str, entry) -> None:
-    """Set one key of a per-machine JSON store; a read-only home keeps the measurement for this process only."""
-    data = read_store(path)
-    data[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
-    except OSError:
-        pass
 
 
 def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,
@@ -333,17 +284,7 @@ def padded_tokens(model: LanguageModel) -> int:
 
 
 def _persistent(model: LanguageModel) -> bool:
-    from .hf import HFModel
-
-    return isinstance(model, HFModel)
-
-
-def _store_path():
-    from .default import cache_dir
-
-    # MULTISPEC_COST_FILE: another file (the test suite keeps its curves, measured on a busy machine, out of
-    # the user's)
-    return Path(os.environ.get("MULTISPEC_COST_FILE") or cache_dir() / "forward_cost.json")
+    return bool(getattr(model, "keeps_measurements", False))
 
 
 def _sync(model: LanguageModel) -> None:
@@ -356,31 +297,10 @@ def _sync(model: LanguageModel) -> None:
 CURVE_FORMAT = "multispec-cost-curve/1"
 
 
-def describe_device(device) -> str:
-    """The device in words: the GPU's name, or the CPU's model and cores."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    import platform
-
-    model, flags = "", cpu_flags()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    # one model name covers hosts with and without AVX-512 and bfloat16 instructions: name what this one has
-    vector = torch.backends.cpu.get_cpu_capability()
-    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    isa = f"{vector}" + (f" + {' + '.join(bf16)}" if bf16 else "")
-    return f"cpu ({model or platform.processor() or platform.machine()}, {isa}, {torch.get_num_threads()} threads)"
-
-
 def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) -> dict:
     """Measure T(k, c) afresh for each model ({"target": ..., "draft": ...}) and write them, with the device,
     date and host, as one JSON file; return what was written."""
     import platform
-    from pathlib import Path
 
     curves = {}
     for role, model in models.items():

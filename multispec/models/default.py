@@ -12,13 +12,13 @@ copy of the target stays available by name.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from ..machine import cache_dir
 from .hf import HFModel, default_dtype
 
 TARGET_NAME = "smollm2-135m-instruct"
@@ -31,11 +31,6 @@ DEFAULT_NAMES = {
     DRAFT_NAME: "draft distilled from SmolLM2-135M-Instruct by multispec distill (shipped)",
     BF16_DRAFT_NAME: "bfloat16 copy of SmolLM2-135M-Instruct",
 }
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("MULTISPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
-    return Path(root)
 
 
 def gguf_path() -> Path:

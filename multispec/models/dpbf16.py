@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .. import machine
+
 SOURCE = Path(__file__).with_name("dpbf16.cpp")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"]
 COLUMNS = 16  # output columns per packed block (`dpbf16.cpp`)
@@ -43,9 +45,8 @@ def unavailable() -> str | None:
 def _load() -> str | None:
     if os.environ.get(VARIABLE, "1") == "0":
         return f"{VARIABLE}=0"
-    from .cost import _store_path, cpu_flags
 
-    if "avx512_bf16" not in cpu_flags():
+    if "avx512_bf16" not in machine.cpu_flags():
         return "no AVX512-BF16 on this CPU"
     if not SOURCE.exists():
         return f"its source is not installed ({SOURCE})"
@@ -57,7 +58,7 @@ def _load() -> str | None:
         return "ninja is not installed (pip install ninja)"
 
     digest = _digest()
-    build = _store_path().with_name("kernels") / f"dpbf16-{digest}"
+    build = machine.store_path().with_name("kernels") / f"dpbf16-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         cpp_extension.load(name=f"multispec_dpbf16_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS,
@@ -125,21 +126,18 @@ def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, re
 
 def _calibrated_prefetch(digest: str) -> dict[int, str]:
     """This machine's prefetch modes for the kernel built as `digest`: measured once, kept in the kernel store."""
-    from . import cost
-    from .hf import _kernel_store
-
-    store = _kernel_store()
-    key = (f"dpbf16 prefetch|{digest}|{cost.describe_device('cpu')}|threads={torch.get_num_threads()}|"
-           f"isa={cost.instruction_sets()}")
-    entry = cost.read_store(store).get(key)
+    store = machine.kernel_store_path()
+    key = (f"dpbf16 prefetch|{digest}|{machine.describe_device('cpu')}|threads={torch.get_num_threads()}|"
+           f"isa={machine.instruction_sets()}")
+    entry = machine.read_store(store).get(key)
     if isinstance(entry, dict) and isinstance(entry.get("modes"), dict):
         modes = {int(rows): mode for rows, mode in entry["modes"].items()}
         if modes and set(modes.values()) <= set(PREFETCHES):
             return modes
     t0 = time.perf_counter()
     entry = calibrate()
-    cost.calibration_seconds += time.perf_counter() - t0
-    cost.write_store_entry(store, key, entry)
+    machine.calibration_seconds += time.perf_counter() - t0
+    machine.write_store_entry(store, key, entry)
     return entry["modes"]
 
 

@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from ..console import note
+from ..machine import cpu_flags, describe_device, kernel_store_path, read_store, write_store_entry
 from . import dpbf16, linears, packaged, static
 from .base import LanguageModel
-from .cost import bucket
+from .static import bucket
 
 _COMPILE_ISOLATES = "isolate_recompiles" in inspect.signature(torch.compile).parameters
 COMPILED_TOKENS = 64  # the largest bucket of new tokens a compiled forward takes; longer feeds run eagerly
@@ -88,10 +89,6 @@ def kernel_options(kind: str) -> dict:
     base = kind.removesuffix(CONCAT)
     return {**KERNELS[base], "cpp.enable_concat_linear": True} if base != kind else KERNELS[base]
 
-# bumped when the compiled step's graph changes (not its results): packages and cost curves of the old one are
-# made again. 2: values written into the cache buffer whole (`static.attention`); 3: `CONCAT` variants (kernel
-# choices made without them are made again)
-STEP_VERSION = 3
 INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
 
 
@@ -108,8 +105,6 @@ def has_fast_bfloat16(device: torch.device | str = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    from .cost import cpu_flags
-
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
@@ -158,6 +153,8 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
 
 
 class HFModel(LanguageModel):
+    keeps_measurements = True  # its cost curves are kept in this machine's store (`cost.forward_cost`)
+
     def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True,
                  compile: bool | str = False):
         if compile not in (False, True, INVARIANT, FAST):
@@ -1054,29 +1051,23 @@ def _compile_settings(kernels: dict):
 
 
 def _kernel_key(model) -> str:
-    from .cost import cost_key, describe_device
+    from .cost import cost_key
 
     return f"{cost_key(model, kernels=False)}|{describe_device(model.device)}"
 
 
 def _kernel_store():
-    from .cost import _store_path
-
-    return _store_path().with_name("compiled_kernels.json")
+    return kernel_store_path()
 
 
 def _stored_entry(key: str, name: str) -> dict | None:
     """Entry `name` under `key` in this machine's kernel store, if an earlier process wrote one."""
-    from .cost import read_store
-
     choices = read_store(_kernel_store()).get(key)
     entry = choices.get(name) if isinstance(choices, dict) else None
     return entry if isinstance(entry, dict) else None
 
 
 def _store_entry(key: str, name: str, entry: dict) -> None:
-    from .cost import read_store, write_store_entry
-
     store = _kernel_store()
     choices = read_store(store).get(key)
     choices = choices if isinstance(choices, dict) else {}

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..machine import store_path
+
 LONGEST = 1 << 20  # the largest key length and cache capacity a package accepts
 SAMPLES = 4096  # values hashed per weight tensor (spread over it) for the weights' fingerprint
 
@@ -56,9 +58,8 @@ def limit_bytes() -> int:
 
 
 def folder() -> Path:
-    from .cost import _store_path
 
-    return _store_path().with_name("compiled")
+    return store_path().with_name("compiled")
 
 
 def weights_fingerprint(module: torch.nn.Module) -> str:
@@ -135,8 +136,8 @@ def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tup
 
 def stale(key: str) -> bool:
     """Whether a package's key names a compiled step of another graph than this version of multispec compiles
-    (`hf.STEP_VERSION`, a field of the key): no process of this version loads it again."""
-    from .hf import STEP_VERSION
+    (`static.STEP_VERSION`, a field of the key): no process of this version loads it again."""
+    from .static import STEP_VERSION
 
     fields = key.split("|")
     return any(f.startswith("compiled") for f in fields) and f"step={STEP_VERSION}" not in fields

@@ -29,6 +29,10 @@ import torch
 from . import dpbf16
 
 NAME = "multispec"
+# bumped when the compiled step's graph changes (not its results): packages and cost curves of the old one are
+# made again. 2: values written into the cache buffer whole (`attention`); 3: `CONCAT` variants (kernel choices
+# made without them are made again)
+STEP_VERSION = 3
 QUERY_CHUNK = 256  # queries per block of attention scores (a long prompt's prefill; bounds the scores held)
 # CPU matmul libraries switch kernels (and summation order) for a handful of rows, so one token's scores would
 # depend on how many were fed with it: every product gets at least `query_rows(...)` rows, measured per machine
@@ -314,6 +318,11 @@ def install(model) -> None:
             _FALLBACK.setdefault(type(module).__module__, before or "sdpa")
         _FALLBACK.setdefault(type(model).__module__, before or "sdpa")
         model.set_attn_implementation(NAME)
+
+
+def bucket(k: int) -> int:
+    """The power of two a padded forward (a compiled or captured step) of k new tokens runs at."""
+    return 1 << max(0, k - 1).bit_length()
 
 
 @contextlib.contextmanager

@@ -1,9 +1,0 @@
-#!/bin/sh
-# Issue 31's 10 + 10 protocol on the step of session 51 (2026-11-27, host `vm`): plain `--compile` runs the target's
-# steps batch-invariant (session 50) on the dpbf16 kernel with its calibrated weight prefetch (session 51). T = 0,
-# then T = 1, one process each. Rows are appended; a rerun skips the finished ones.
-cd "$(dirname "$0")/../../.." || exit 1
-OUT=benchmarks/results/optimal-trees-compiled-s51-cpu-2core
-python benchmarks/optimal_trees.py --out $OUT --per-half 10 --temperatures 0 --compile "$@" > $OUT/run-T0.log 2>&1
-python benchmarks/optimal_trees.py --out $OUT --per-half 10 --temperatures 1 --compile "$@" > $OUT/run-T1.log 2>&1
-python benchmarks/optimal_trees.py --out $OUT --summarise
