@@ -28,8 +28,9 @@ def plain(query, keys, values, mask, scaling):
 
 
 def sdpa(query, keys, values, mask, scaling):
-    return torch.nn.functional.scaled_dot_product_attention(query, keys, values, mask.to(query.dtype),
-                                                            scale=scaling, enable_gqa=True)
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, keys, values, mask.to(query.dtype), scale=scaling, enable_gqa=True
+    )
 
 
 def main(repeats: int = 30) -> list[dict]:
@@ -57,9 +58,16 @@ def main(repeats: int = 30) -> list[dict]:
             times["plain"].append(t2 - t1)
             times["invariant"].append(t3 - t2)
         med = {name: statistics.median(t) * 1e6 for name, t in times.items()}
-        rows.append({"new_tokens": n, "keys": width, "sdpa_bf16_us": round(med["sdpa_bf16"]),
-                     "plain_us": round(med["plain"]), "invariant_us": round(med["invariant"]),
-                     "invariant_over_plain": round(med["invariant"] / med["plain"], 2)})
+        rows.append(
+            {
+                "new_tokens": n,
+                "keys": width,
+                "sdpa_bf16_us": round(med["sdpa_bf16"]),
+                "plain_us": round(med["plain"]),
+                "invariant_us": round(med["invariant"]),
+                "invariant_over_plain": round(med["invariant"] / med["plain"], 2),
+            }
+        )
     return rows
 
 

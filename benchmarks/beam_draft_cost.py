@@ -71,8 +71,10 @@ def main() -> None:
     results = {}
     for repeat in (7, 40, 85):
         prompt = pair.target.encode(text * repeat)
-        sessions = {k: Session(pair.target, pair.draft, prompt, Sampling(1.0), 10_000, torch.Generator())
-                    for k in ("tree", "rows")}
+        sessions = {
+            k: Session(pair.target, pair.draft, prompt, Sampling(1.0), 10_000, torch.Generator())
+            for k in ("tree", "rows")
+        }
         s = sessions["tree"]
         proposer = BeamDraft(s.draft_runner(), setup_of(s), args.width, deterministic=True)
         times = {k: [] for k in sessions}
@@ -89,13 +91,16 @@ def main() -> None:
                 times["rows"].append(t2 - t1)
         med = {k: 1000 * float(np.median(v)) for k, v in times.items()}
         results[len(prompt)] = {"ms_per_iteration": med, "rows_over_tree": med["rows"] / med["tree"]}
-        print(f"context {len(prompt)} tokens, W={args.width}, gamma={args.gamma}: tree in one row "
-              f"{med['tree']:.1f} ms, W cache rows {med['rows']:.1f} ms per iteration "
-              f"(rows / tree {med['rows'] / med['tree']:.2f})")
+        print(
+            f"context {len(prompt)} tokens, W={args.width}, gamma={args.gamma}: tree in one row "
+            f"{med['tree']:.1f} ms, W cache rows {med['rows']:.1f} ms per iteration "
+            f"(rows / tree {med['rows'] / med['tree']:.2f})"
+        )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"width": args.width, "gamma": args.gamma, "rounds": args.rounds, "results": results}, f,
-                      indent=1)
+            json.dump(
+                {"width": args.width, "gamma": args.gamma, "rounds": args.rounds, "results": results}, f, indent=1
+            )
 
 
 if __name__ == "__main__":

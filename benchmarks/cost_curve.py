@@ -75,7 +75,9 @@ def curve(model, ks, contexts, rounds=5, batch_invariant=True):
         model.forward(cache, torch.randint(model.vocab_size, (1, c), generator=gen), batch_invariant=batch_invariant)
         times = {k: [] for k in ks}
         for k in ks:  # first call of a shape: a compile or a capture, not timed
-            model.forward(cache, torch.randint(model.vocab_size, (1, k), generator=gen), batch_invariant=batch_invariant)
+            model.forward(
+                cache, torch.randint(model.vocab_size, (1, k), generator=gen), batch_invariant=batch_invariant
+            )
             model.crop(cache, c)
         for _ in range(rounds):
             for k in ks:
@@ -103,9 +105,13 @@ def main() -> None:
     p.add_argument("--contexts", default="128,1024")
     p.add_argument("--device", default=None)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--random-target", metavar="CONFIG", default=None,
-                   help="time a randomly initialised model of this config.json in place of the target (the same "
-                        "shapes, so the same time per step, where the weights file is not at hand)")
+    p.add_argument(
+        "--random-target",
+        metavar="CONFIG",
+        default=None,
+        help="time a randomly initialised model of this config.json in place of the target (the same "
+        "shapes, so the same time per step, where the weights file is not at hand)",
+    )
     args = p.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -136,22 +142,33 @@ def main() -> None:
                     rows = curve(model, ks, contexts, batch_invariant=which != "draft")
                     for c, row in rows.items():
                         for k, sec in row.items():
-                            line = {"model": which, "engine": engine, "dtype": dtype, "context": c, "k": k,
-                                    "device": str(model.device), "random_weights": bool(
-                                        which == "target" and args.random_target),
-                                    "seconds": sec, "bound_seconds": bound, "bandwidth": bandwidth,
-                                    "compute_seconds": k * per_token, "flops": throughput[dtype],
-                                    "compile_seconds": model.compile_seconds, "kv_storage": storage}
+                            line = {
+                                "model": which,
+                                "engine": engine,
+                                "dtype": dtype,
+                                "context": c,
+                                "k": k,
+                                "device": str(model.device),
+                                "random_weights": bool(which == "target" and args.random_target),
+                                "seconds": sec,
+                                "bound_seconds": bound,
+                                "bandwidth": bandwidth,
+                                "compute_seconds": k * per_token,
+                                "flops": throughput[dtype],
+                                "compile_seconds": model.compile_seconds,
+                                "kv_storage": storage,
+                            }
                             out.write(json.dumps(line) + "\n")
                         out.flush()
                         t1 = row[ks[0]]
-                        print(f"{which} {engine} {dtype} (cache {storage}) c={c}: " + " ".join(
-                            f"T({k})={1000 * s:.1f}ms" for k, s in row.items()) +
-                            f" | T(1)/bound {t1 / bound:.2f}, T(16)/T(1) "
+                        print(
+                            f"{which} {engine} {dtype} (cache {storage}) c={c}: "
+                            + " ".join(f"T({k})={1000 * s:.1f}ms" for k, s in row.items())
+                            + f" | T(1)/bound {t1 / bound:.2f}, T(16)/T(1) "
                             f"{row.get(16, float('nan')) / t1:.2f} (floor {max(1.0, 16 * per_token / bound):.2f})",
-                            flush=True)
-                    print(f"  ({time.perf_counter() - t0:.0f} s, compiling {model.compile_seconds:.0f} s)",
-                          flush=True)
+                            flush=True,
+                        )
+                    print(f"  ({time.perf_counter() - t0:.0f} s, compiling {model.compile_seconds:.0f} s)", flush=True)
                     del model
 
 

@@ -53,8 +53,7 @@ def best(methods, speeds: dict, cat_prompts) -> str | None:
     """The method among `methods` (for a name without parameters, also that method with any) with the highest
     median tokens/s over these prompts."""
     present = {m for _, m in speeds}
-    methods = {m for m in present for name in methods
-               if m == name or (":" not in name and m.startswith(name + ":"))}
+    methods = {m for m in present for name in methods if m == name or (":" not in name and m.startswith(name + ":"))}
     scored = [(median([speeds[(p, m)] for p in cat_prompts if (p, m) in speeds]) or 0, m) for m in sorted(methods)]
     scored = [s for s in scored if s[0] > 0]
     return max(scored)[1] if scored else None
@@ -96,21 +95,33 @@ def main() -> None:
         which = {c: (best(MCSD, speeds, by_cat[c]), best(SD, speeds, by_cat[c])) for c in cats}
         print("\nbest mcsd / best sd by category: " + "; ".join(f"{c}: {m} / {s}" for c, (m, s) in which.items()))
         if any(r["method"] == "dsbd" for r in here):
-            ppl = {m: median([r["perplexity"] for r in here if r["method"] == m and r["perplexity"]])
-                   for m in ("dsbd", *BEAMS)}
-            print(f"\ndsbd against beam (median perplexity, dsbd {fmt(ppl['dsbd'])}; speed ratio over all prompts): "
-                  + "; ".join(f"{m}: PPL {fmt(ppl[m])}, dsbd / {m} {fmt(ratio('dsbd', m, speeds, by_cat['all'])[0])}"
-                              for m in BEAMS))
+            ppl = {
+                m: median([r["perplexity"] for r in here if r["method"] == m and r["perplexity"]])
+                for m in ("dsbd", *BEAMS)
+            }
+            print(
+                f"\ndsbd against beam (median perplexity, dsbd {fmt(ppl['dsbd'])}; speed ratio over all prompts): "
+                + "; ".join(
+                    f"{m}: PPL {fmt(ppl[m])}, dsbd / {m} {fmt(ratio('dsbd', m, speeds, by_cat['all'])[0])}"
+                    for m in BEAMS
+                )
+            )
         print("\nmedian tokens/s (all prompts) and time per target call, ms: target forward / draft forwards / other")
         print("\n| method | tokens/s | block eff. | target | draft | other |\n|---|---|---|---|---|---|")
         for m in dict.fromkeys(r["method"] for r in here):
             mine = [r for r in here if r["method"] == m]
             split = ["–"] * 3
             if mine[0].get("target_seconds") is not None:
-                split = [f"{1000 * median([r[k] / r['target_calls'] for r in mine]):.1f}"
-                         for k in ("target_seconds", "draft_seconds", "other_seconds")]
+                split = [
+                    f"{1000 * median([r[k] / r['target_calls'] for r in mine]):.1f}"
+                    for k in ("target_seconds", "draft_seconds", "other_seconds")
+                ]
             be = median([r["block_efficiency"] for r in mine if r.get("block_efficiency")])
-            print(f"| {m} | {median([r['tokens_per_second'] for r in mine]):.1f} | {fmt(be)} | " + " | ".join(split) + " |")
+            print(
+                f"| {m} | {median([r['tokens_per_second'] for r in mine]):.1f} | {fmt(be)} | "
+                + " | ".join(split)
+                + " |"
+            )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,11 @@ def main() -> None:
         one = np.median(times[(1, 0)])
         result[c] = {f"{rows}x(1+{entries})": float(np.median(t)) for (rows, entries), t in times.items()}
         for (rows, entries), t in times.items():
-            print(f"context {c:4d}  {rows} rows x (1 + {entries} entries)  {np.median(t) * 1e3:6.1f} ms  "
-                  f"{np.median(t) / one:4.2f}x one token", flush=True)
+            print(
+                f"context {c:4d}  {rows} rows x (1 + {entries} entries)  {np.median(t) * 1e3:6.1f} ms  "
+                f"{np.median(t) / one:4.2f}x one token",
+                flush=True,
+            )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"seconds": result, "rounds": args.rounds}, f, indent=1)

@@ -34,10 +34,16 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int) -> tuple[int
     kwargs = {"assistant_model": draft.model} if draft is not None else {}
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                                    do_sample=False, pad_token_id=target.eos_token_id, **kwargs)
+        out = target.model.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=target.eos_token_id,
+            **kwargs,
+        )
     seconds = time.perf_counter() - t0
-    new = out[0, len(ids):].tolist()
+    new = out[0, len(ids) :].tolist()
     return len(new), seconds, new
 
 
@@ -68,20 +74,31 @@ def main() -> None:
                 fwd = None
             else:
                 kw = {"gamma": int(m.split(":")[1])} if m.startswith("sd") else {}
-                r = multispec.generate(t, d, ids, method=m.split(":")[0], temperature=0,
-                                       max_new_tokens=args.max_new_tokens, **kw)
+                r = multispec.generate(
+                    t, d, ids, method=m.split(":")[0], temperature=0, max_new_tokens=args.max_new_tokens, **kw
+                )
                 n, sec, toks, fwd = r.stats["new_tokens"], r.stats["seconds"], r.token_ids, r.stats["forward_seconds"]
                 calls = r.stats["target_calls"]
             if reference is None:
                 reference = toks
-            rows.append({"prompt": i, "method": m, "tokens": n, "seconds": sec, "forward_seconds": fwd,
-                         "same_as_ar": toks[: len(reference)] == reference[: len(toks)],
-                         "target_calls": calls if fwd is not None else None})
+            rows.append(
+                {
+                    "prompt": i,
+                    "method": m,
+                    "tokens": n,
+                    "seconds": sec,
+                    "forward_seconds": fwd,
+                    "same_as_ar": toks[: len(reference)] == reference[: len(toks)],
+                    "target_calls": calls if fwd is not None else None,
+                }
+            )
             print(f"prompt {i} {m:12s} {n:4d} tokens {n / sec:6.1f} tok/s", file=sys.stderr)
 
     print(f"\nembedded pair: {' / '.join(pair.description.values())}")
-    print(f"{len(prompts)} MT-Bench prompts, greedy, max {args.max_new_tokens} new tokens, torch threads "
-          f"{torch.get_num_threads()}; tokens/s include prefill\n")
+    print(
+        f"{len(prompts)} MT-Bench prompts, greedy, max {args.max_new_tokens} new tokens, torch threads "
+        f"{torch.get_num_threads()}; tokens/s include prefill\n"
+    )
     print("| method | tokens/s (total) | median per-prompt ratio to ar | block efficiency | time outside forwards |")
     print("|---|---|---|---|---|")
     by = {m: [r for r in rows if r["method"] == m] for m in methods}

@@ -17,8 +17,15 @@ from multispec import generate, load_pair
 from multispec.bench.prompts import load_prompts
 
 
-def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool | str = False, device: str | None = None,
-         rows_file: str | None = None) -> dict:
+def main(
+    dtype: str,
+    n: int,
+    tokens: int,
+    methods: list[str],
+    compile: bool | str = False,
+    device: str | None = None,
+    rows_file: str | None = None,
+) -> dict:
     pair = load_pair(dtype=dtype, compile=compile, device=device)
     prompts = load_prompts(["mt-bench", "spec-bench-dev"], None, n // 2, True)
     rows = []
@@ -26,16 +33,24 @@ def main(dtype: str, n: int, tokens: int, methods: list[str], compile: bool | st
         ids = pair.target.encode(p.text)
         ar = generate(pair.target, None, ids, method="ar", temperature=0, max_new_tokens=tokens, score=False)
         for method in methods:
-            out = generate(pair.target, pair.draft, ids, method=method, temperature=0, max_new_tokens=tokens,
-                           score=False)
+            out = generate(
+                pair.target, pair.draft, ids, method=method, temperature=0, max_new_tokens=tokens, score=False
+            )
             a, s = ar.token_ids, out.token_ids
             first = next((i for i, (x, y) in enumerate(zip(a, s, strict=False)) if x != y), None)
             rows.append({"prompt": p.id, "method": method, "same": a == s, "first_difference": first})
             if rows_file:
                 with open(rows_file, "a") as f:
                     f.write(json.dumps(rows[-1]) + "\n")
-    return {"dtype": dtype, "compile": compile, "device": str(pair.target.device), "prompts": len(prompts), "tokens": tokens,
-            "same": {m: sum(r["same"] for r in rows if r["method"] == m) for m in methods}, "rows": rows}
+    return {
+        "dtype": dtype,
+        "compile": compile,
+        "device": str(pair.target.device),
+        "prompts": len(prompts),
+        "tokens": tokens,
+        "same": {m: sum(r["same"] for r in rows if r["method"] == m) for m in methods},
+        "rows": rows,
+    }
 
 
 if __name__ == "__main__":

@@ -20,10 +20,18 @@ import time
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 PROMPT = "Explain how a bicycle gear system works, in detail."
-METHODS = [("ar", {}), ("sd", {"gamma": 1}), ("sd", {"gamma": 4}), ("sd", {"gamma": "auto", "drafter": "hybrid"}),
-           ("mcsd", {"k_config": "2x2x1"}),
-           ("mcsd", {"k_config": "8x1"}), ("mcsd", {"tree": "auto"}), ("specinfer", {}), ("mjsd", {}),
-           ("mtad", {})]
+METHODS = [
+    ("ar", {}),
+    ("sd", {"gamma": 1}),
+    ("sd", {"gamma": 4}),
+    ("sd", {"gamma": "auto", "drafter": "hybrid"}),
+    ("mcsd", {"k_config": "2x2x1"}),
+    ("mcsd", {"k_config": "8x1"}),
+    ("mcsd", {"tree": "auto"}),
+    ("specinfer", {}),
+    ("mjsd", {}),
+    ("mtad", {}),
+]
 
 
 class Timers:
@@ -137,8 +145,17 @@ def main() -> None:
                 timers.seconds.clear()
                 counter = CountCalls(timers)
                 with counter if rep == "count" else contextlib.nullcontext():
-                    r = generate(pair.target, pair.draft, PROMPT, method=method, max_new_tokens=args.tokens,
-                                 temperature=temperature, seed=1, score=False, **params)
+                    r = generate(
+                        pair.target,
+                        pair.draft,
+                        PROMPT,
+                        method=method,
+                        max_new_tokens=args.tokens,
+                        temperature=temperature,
+                        seed=1,
+                        score=False,
+                        **params,
+                    )
                 if rep == "count":
                     its = max(1, r.stats["iterations"])
                     calls = counter.calls / its
@@ -147,23 +164,35 @@ def main() -> None:
                     continue
                 st = r.stats
                 it = max(1, st["iterations"] or st["target_calls"])
-                row = {"method": method, **params, "temperature": temperature, "iterations": it,
-                       "target_ms_per_call": 1e3 * st["target_seconds"] / st["target_calls"],
-                       "other_ms_per_iteration": 1e3 * st["other_seconds"] / it,
-                       "torch_calls_per_iteration": calls,
-                       "torch_calls_by_call": calls_by,
-                       "split_ms_per_iteration": {k: round(1e3 * v / it, 3) for k, v in timers.seconds.most_common()
-                                                  if k != "forward"},
-                       # the rest of "other": the loop and the methods' own code between the calls timed
-                       "unattributed_ms_per_iteration": 1e3 * (st["other_seconds"] - sum(
-                           v for k, v in timers.seconds.items() if k != "forward")) / it,
-                       "device": describe_device(pair.target.device), "date": time.strftime("%Y-%m-%d")}
+                row = {
+                    "method": method,
+                    **params,
+                    "temperature": temperature,
+                    "iterations": it,
+                    "target_ms_per_call": 1e3 * st["target_seconds"] / st["target_calls"],
+                    "other_ms_per_iteration": 1e3 * st["other_seconds"] / it,
+                    "torch_calls_per_iteration": calls,
+                    "torch_calls_by_call": calls_by,
+                    "split_ms_per_iteration": {
+                        k: round(1e3 * v / it, 3) for k, v in timers.seconds.most_common() if k != "forward"
+                    },
+                    # the rest of "other": the loop and the methods' own code between the calls timed
+                    "unattributed_ms_per_iteration": 1e3
+                    * (st["other_seconds"] - sum(v for k, v in timers.seconds.items() if k != "forward"))
+                    / it,
+                    "device": describe_device(pair.target.device),
+                    "date": time.strftime("%Y-%m-%d"),
+                }
                 rows.append(row)
-                print(f"{method} {params} T={temperature:g}: other {row['other_ms_per_iteration']:.2f} ms/iteration "
-                      f"({row['torch_calls_per_iteration']:.0f} torch calls) against a target call of "
-                      f"{row['target_ms_per_call']:.1f} ms; " + ", ".join(
-                          f"{k} {v:.2f}" for k, v in list(row["split_ms_per_iteration"].items())[:5])
-                      + "; torch calls: " + ", ".join(f"{k} {v:g}" for k, v in calls_by.items()), flush=True)
+                print(
+                    f"{method} {params} T={temperature:g}: other {row['other_ms_per_iteration']:.2f} ms/iteration "
+                    f"({row['torch_calls_per_iteration']:.0f} torch calls) against a target call of "
+                    f"{row['target_ms_per_call']:.1f} ms; "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in list(row["split_ms_per_iteration"].items())[:5])
+                    + "; torch calls: "
+                    + ", ".join(f"{k} {v:g}" for k, v in calls_by.items()),
+                    flush=True,
+                )
     if args.out:
         with open(args.out, "w") as f:
             for row in rows:

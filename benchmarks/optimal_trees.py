@@ -1,10 +1,11 @@
 """Optimal trees, `tree=auto` and `multispec tune` on held-out halves.
 
 For each category and temperature: `tune` on the first N prompts of the category, then measure on the next N
-(held out): transformers' generate() (hf), ar, sd with fixed gamma, mcsd with the MCSD paper's k-configs, the optimal trees of the same node
-counts (the highest expected accepted tokens under the acceptance tune measured), tree=auto with tune's prior,
-and the tuned plan. One row per (category, temperature, method, prompt) is appended to rows.jsonl as it
-finishes (a rerun skips finished rows); `--summarise` writes summary.md from the rows.
+(held out): transformers' generate() (hf), ar, sd with fixed gamma, mcsd with the MCSD paper's k-configs, the
+optimal trees of the same node counts (the highest expected accepted tokens under the acceptance tune
+measured), tree=auto with tune's prior, and the tuned plan. One row per (category, temperature, method, prompt)
+is appended to rows.jsonl as it finishes (a rerun skips finished rows); `--summarise` writes summary.md from the
+rows.
 
     python benchmarks/optimal_trees.py --out benchmarks/results/<run> [--per-half 5] [--max-new-tokens 128] [--compile]
     python benchmarks/optimal_trees.py --out benchmarks/results/<run> --summarise
@@ -17,13 +18,22 @@ import json
 import sys
 from pathlib import Path
 
-CATEGORIES = [("mt-bench", None), ("spec-bench-dev", "translation"), ("spec-bench-dev", "summarization"),
-              ("spec-bench-dev", "qa"), ("spec-bench-dev", "math_reasoning"), ("spec-bench-dev", "rag")]
+CATEGORIES = [
+    ("mt-bench", None),
+    ("spec-bench-dev", "translation"),
+    ("spec-bench-dev", "summarization"),
+    ("spec-bench-dev", "qa"),
+    ("spec-bench-dev", "math_reasoning"),
+    ("spec-bench-dev", "rag"),
+]
 SD_GAMMAS = (1, 2, 4)
 K_CONFIGS = ("8x1", "4x2x2")  # 16 and 28 nodes
 # tree=auto's module constants for --auto-variants: no probes while plain steps are chosen, no drafting margin
-AUTO_VARIANTS = {"probe=0": {"PROBE_EVERY": 10**9}, "margin=0": {"DRAFT_MARGIN": 0.0},
-                 "probe=0,margin=0": {"PROBE_EVERY": 10**9, "DRAFT_MARGIN": 0.0}}
+AUTO_VARIANTS = {
+    "probe=0": {"PROBE_EVERY": 10**9},
+    "margin=0": {"DRAFT_MARGIN": 0.0},
+    "probe=0,margin=0": {"PROBE_EVERY": 10**9, "DRAFT_MARGIN": 0.0},
+}
 
 
 def combos(temperatures):
@@ -62,8 +72,15 @@ def run(args) -> None:
         plan_path = out / combo / "plan.json"
         if not plan_path.exists():
             print(f"[{combo}] tune on {len(tune_half)} prompts", file=sys.stderr)
-            result = tune(pair.target, pair.draft, tune_half, temperature=t, max_new_tokens=args.max_new_tokens,
-                          measure=3, say=lambda m, c=combo: print(f"[{c}] {m}", file=sys.stderr))
+            result = tune(
+                pair.target,
+                pair.draft,
+                tune_half,
+                temperature=t,
+                max_new_tokens=args.max_new_tokens,
+                measure=3,
+                say=lambda m, c=combo: print(f"[{c}] {m}", file=sys.stderr),
+            )
             write_plan(result, plan_path, pair.description)
         plan = load_plan(plan_path)
         evidence = plan.data["evidence"]
@@ -81,15 +98,23 @@ def run(args) -> None:
             best = table.tree(n, depth)
             (out / combo).mkdir(exist_ok=True)
             (out / combo / f"optimal-{n}.json").write_text(json.dumps({"parents": best.parents.tolist()}))
-            methods[f"mcsd:optimal-{n}"] = ("mcsd", {"tree": best, "replacement": False,
-                                                     "_predicted": tree_value(best, reach),
-                                                     "_kconfig_predicted": tree_value(tree, reach)})
+            methods[f"mcsd:optimal-{n}"] = (
+                "mcsd",
+                {
+                    "tree": best,
+                    "replacement": False,
+                    "_predicted": tree_value(best, reach),
+                    "_kconfig_predicted": tree_value(tree, reach),
+                },
+            )
         # tree=auto as tune offers it (its prior and measured per-iteration work); --adapt: the variant
         # that follows the call's clock (adapt=true)
         auto = next((c["plan"] for c in evidence["candidates"] if c["plan"].startswith("mcsd:tree=auto")), None)
         if args.adapt or auto is None:
-            methods["mcsd:tree=auto"] = ("mcsd", {"tree": "auto", "acceptance": prior, "adapt": True,
-                                                  "replacement": False})
+            methods["mcsd:tree=auto"] = (
+                "mcsd",
+                {"tree": "auto", "acceptance": prior, "adapt": True, "replacement": False},
+            )
         else:
             methods["mcsd:tree=auto"] = (auto, {})
             if args.unscaled_auto:  # the same prior, priced as an earlier tune wrote it: A/B/A (no chain line,
@@ -121,30 +146,59 @@ def run(args) -> None:
                         hf_generate(pair.target, None, ids, 8, Sampling(t), 0)
                         warmed.append(True)
                     tokens, st = hf_generate(pair.target, None, ids, args.max_new_tokens, Sampling(t), i)
-                    st = {"new_tokens": len(tokens), "tokens_per_second": len(tokens) / st["seconds"],
-                          "block_efficiency": 1.0, "iterations": st["target_calls"], "target_seconds": None,
-                          "draft_seconds": None, "other_seconds": None, **st}
+                    st = {
+                        "new_tokens": len(tokens),
+                        "tokens_per_second": len(tokens) / st["seconds"],
+                        "block_efficiency": 1.0,
+                        "iterations": st["target_calls"],
+                        "target_seconds": None,
+                        "draft_seconds": None,
+                        "other_seconds": None,
+                        **st,
+                    }
                 else:
                     saved = {name: getattr(shape, name) for name in constants}
                     for name, value in constants.items():
                         setattr(shape, name, value)
                     try:
-                        st = generate(pair.target, pair.draft, p.text, method=method,
-                                      max_new_tokens=args.max_new_tokens, temperature=t, seed=i, score=False,
-                                      **params).stats
+                        st = generate(
+                            pair.target,
+                            pair.draft,
+                            p.text,
+                            method=method,
+                            max_new_tokens=args.max_new_tokens,
+                            temperature=t,
+                            seed=i,
+                            score=False,
+                            **params,
+                        ).stats
                     finally:
                         for name, value in saved.items():
                             setattr(shape, name, value)
-                row = {"combo": combo, "method": label, "prompt": p.id, "new_tokens": st["new_tokens"],
-                       "seconds": st["seconds"], "target_calls": st["target_calls"], "iterations": st["iterations"],
-                       "target_seconds": st["target_seconds"], "draft_seconds": st["draft_seconds"],
-                       "other_seconds": st["other_seconds"], "prefill_seconds": st.get("prefill_seconds"),
-                       "draft_prefill_seconds": st.get("draft_prefill_seconds"),
-                       "compiles": st.get("compiles"), "compiled": args.compile, **extra}
+                row = {
+                    "combo": combo,
+                    "method": label,
+                    "prompt": p.id,
+                    "new_tokens": st["new_tokens"],
+                    "seconds": st["seconds"],
+                    "target_calls": st["target_calls"],
+                    "iterations": st["iterations"],
+                    "target_seconds": st["target_seconds"],
+                    "draft_seconds": st["draft_seconds"],
+                    "other_seconds": st["other_seconds"],
+                    "prefill_seconds": st.get("prefill_seconds"),
+                    "draft_prefill_seconds": st.get("draft_prefill_seconds"),
+                    "compiles": st.get("compiles"),
+                    "compiled": args.compile,
+                    **extra,
+                }
                 with rows_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"[{combo}] {label} {p.id}: {st['tokens_per_second']:.1f} tokens/s, "
-                      f"block efficiency {st['block_efficiency']:.2f}", file=sys.stderr)
+                print(
+                    f"[{combo}] {label} {p.id}: {st['tokens_per_second']:.1f} tokens/s, "
+                    f"block efficiency {st['block_efficiency']:.2f}",
+                    file=sys.stderr,
+                )
 
 
 def summarise(args) -> None:
@@ -162,16 +216,27 @@ def summarise(args) -> None:
     def be(rs):
         return sum(r["new_tokens"] for r in rs) / sum(r["target_calls"] for r in rs)
 
-    lines = ["## Tokens/s on the held-out half (sum of tokens / sum of seconds)", "",
-             "| combo | " + " | ".join(methods) + " | auto / best fixed | auto / ar | plan / best fixed | plan / ar |",
-             "|---" * (len(methods) + 5) + "|"]
-    be_lines = ["## Block efficiency on the held-out half (tokens per target call), optimal vs k-config of the "
-                "same node count", "", "| combo | nodes | k-config | measured k-config | optimal tree | measured "
-                "optimal | predicted k-config | predicted optimal |", "|---|---|---|---|---|---|---|---|"]
-    pred_lines = ["## The tuned plan: predicted (on the tune half) against measured (held-out half)", "",
-                  "| combo | plan | predicted tokens/s | measured on tune half | measured held out | held out / "
-                  "predicted | new tokens: expected / held out | decoding only (prompt's forward apart): held out / "
-                  "predicted |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Tokens/s on the held-out half (sum of tokens / sum of seconds)",
+        "",
+        "| combo | " + " | ".join(methods) + " | auto / best fixed | auto / ar | plan / best fixed | plan / ar |",
+        "|---" * (len(methods) + 5) + "|",
+    ]
+    be_lines = [
+        "## Block efficiency on the held-out half (tokens per target call), optimal vs k-config of the same node count",
+        "",
+        "| combo | nodes | k-config | measured k-config | optimal tree | measured "
+        "optimal | predicted k-config | predicted optimal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    pred_lines = [
+        "## The tuned plan: predicted (on the tune half) against measured (held-out half)",
+        "",
+        "| combo | plan | predicted tokens/s | measured on tune half | measured held out | held out / "
+        "predicted | new tokens: expected / held out | decoding only (prompt's forward apart): held out / "
+        "predicted |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for combo in combos_seen:
         cells, vals = [], {}
         for m in methods:
@@ -185,9 +250,11 @@ def summarise(args) -> None:
             return f"{a / b:.2f}" if a and b else "-"
 
         auto = vals.get("mcsd:tree=auto")
-        lines.append(f"| {combo} | " + " | ".join(cells) + f" | {ratio(auto, best_fixed)} | "
-                     f"{ratio(auto, vals.get('ar'))} | {ratio(vals.get('plan'), best_fixed)} | "
-                     f"{ratio(vals.get('plan'), vals.get('ar'))} |")
+        lines.append(
+            f"| {combo} | " + " | ".join(cells) + f" | {ratio(auto, best_fixed)} | "
+            f"{ratio(auto, vals.get('ar'))} | {ratio(vals.get('plan'), best_fixed)} | "
+            f"{ratio(vals.get('plan'), vals.get('ar'))} |"
+        )
         for m in methods:
             if not m.startswith("mcsd:optimal-"):
                 continue
@@ -195,14 +262,17 @@ def summarise(args) -> None:
             k = next((k for k in K_CONFIGS if _nodes(k) == n), None)
             opt, kc = by.get((combo, m)), by.get((combo, f"mcsd:k_config={k}"))
             if opt and kc:
-                be_lines.append(f"| {combo} | {n} | {k} | {be(kc):.3f} | {m} | {be(opt):.3f} | "
-                                f"{opt[0]['_kconfig_predicted']:.3f} | {opt[0]['_predicted']:.3f} |")
+                be_lines.append(
+                    f"| {combo} | {n} | {k} | {be(kc):.3f} | {m} | {be(opt):.3f} | "
+                    f"{opt[0]['_kconfig_predicted']:.3f} | {opt[0]['_predicted']:.3f} |"
+                )
         plan_file = out / combo / "plan.json"
         if plan_file.exists() and by.get((combo, "plan")):
             plan = json.loads(plan_file.read_text())
             measured = tps(by[(combo, "plan")])
-            label = plan["method"] + (":" + ",".join(f"{k}={v}" for k, v in plan["params"].items())
-                                      if plan["params"] else "")
+            label = plan["method"] + (
+                ":" + ",".join(f"{k}={v}" for k, v in plan["params"].items()) if plan["params"] else ""
+            )
             rs = by[(combo, "plan")]
             row = plan["evidence"].get("chosen")  # absent from older plans
             lengths = decoding = "-"
@@ -212,21 +282,29 @@ def summarise(args) -> None:
                 seconds = sum(r["seconds"] - r["prefill_seconds"] - (r["draft_prefill_seconds"] or 0.0) for r in rs)
                 predicted = row["predicted_tokens_per_call"] / row["predicted_seconds_per_iteration"]
                 decoding = f"{new / seconds / predicted:.2f}"
-            pred_lines.append(f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
-                              f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
-                              f"{measured / plan['predicted_tokens_per_second']:.2f} | {lengths} | {decoding} |")
-    split = ["## Where the time goes (every combo pooled, per target call; the prompt's forward apart)", "",
-             "| method | block efficiency | target ms/call | draft ms/call | other ms/call | prefill ms/prompt |",
-             "|---|---|---|---|---|---|"]
+            pred_lines.append(
+                f"| {combo} | {label[:60]} | {plan['predicted_tokens_per_second']:.1f} | "
+                f"{plan['measured_tokens_per_second']:.1f} | {measured:.1f} | "
+                f"{measured / plan['predicted_tokens_per_second']:.2f} | {lengths} | {decoding} |"
+            )
+    split = [
+        "## Where the time goes (every combo pooled, per target call; the prompt's forward apart)",
+        "",
+        "| method | block efficiency | target ms/call | draft ms/call | other ms/call | prefill ms/prompt |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in methods:
         rs = [r for r in rows if r["method"] == m and r.get("target_seconds") is not None]
         if not rs or any(r.get("prefill_seconds") is None for r in rs):
             continue
         calls = sum(r["target_calls"] for r in rs)
         prefill = sum(r["prefill_seconds"] for r in rs)
-        split.append(f"| {m} | {be(rs):.2f} | {(sum(r['target_seconds'] for r in rs) - prefill) / max(1, calls - len(rs)) * 1e3:.1f} | "
-                     f"{sum(r['draft_seconds'] for r in rs) / calls * 1e3:.1f} | "
-                     f"{sum(r['other_seconds'] for r in rs) / calls * 1e3:.1f} | {prefill / len(rs) * 1e3:.0f} |")
+        split.append(
+            f"| {m} | {be(rs):.2f} | "
+            f"{(sum(r['target_seconds'] for r in rs) - prefill) / max(1, calls - len(rs)) * 1e3:.1f} | "
+            f"{sum(r['draft_seconds'] for r in rs) / calls * 1e3:.1f} | "
+            f"{sum(r['other_seconds'] for r in rs) / calls * 1e3:.1f} | {prefill / len(rs) * 1e3:.0f} |"
+        )
     text = "\n".join(lines + [""] + be_lines + [""] + pred_lines + [""] + split) + "\n"
     (out / "summary.md").write_text(text)
     print(text)
@@ -250,11 +328,17 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="compiled forwards for our methods (hf stays as it ships)")
     p.add_argument("--adapt", action="store_true", help="tree=auto follows the call's clock (adapt=true)")
     p.add_argument("--methods", nargs="+", default=None, help="only these rows' labels (e.g. ar sd:gamma=1 plan)")
-    p.add_argument("--unscaled-auto", action="store_true",
-                   help="also tree=auto priced as session 39's tune wrote it: overhead A/B/A (a plain step's and a "
-                        "chain's work = a tree iteration's), no factors")
-    p.add_argument("--auto-variants", action="store_true",
-                   help="also tune's tree=auto without its probes, without its drafting margin, and without both")
+    p.add_argument(
+        "--unscaled-auto",
+        action="store_true",
+        help="also tree=auto priced as an older tune wrote it: overhead A/B/A (a plain step's and a "
+        "chain's work = a tree iteration's), no factors",
+    )
+    p.add_argument(
+        "--auto-variants",
+        action="store_true",
+        help="also tune's tree=auto without its probes, without its drafting margin, and without both",
+    )
     p.add_argument("--summarise", action="store_true")
     args = p.parse_args()
     summarise(args) if args.summarise else run(args)

@@ -41,8 +41,9 @@ for line in sys.stdin:
 def export(revision: str, into: Path) -> Path:
     """The package as committed at `revision`, unpacked under `into`."""
     into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision, "multispec"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision, "multispec"], check=True, capture_output=True
+    ).stdout
     with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -50,8 +51,14 @@ def export(revision: str, into: Path) -> Path:
 
 def start(path: Path, threads: int) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(path)}
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, str(threads)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=path)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(threads)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=path,
+    )
     ready = json.loads(proc.stdout.readline())["ready"]
     if not ready.startswith(str(path)):  # an installed copy would shadow the exported one
         raise RuntimeError(f"the worker for {path} imported multispec from {ready}")
@@ -80,8 +87,10 @@ def main() -> None:
     params = dict(p.split("=", 1) for p in args.param)
     prompts = load_prompts([args.prompts], limit=args.limit, spread=True)
     with tempfile.TemporaryDirectory() as tmp:
-        workers = {name: start(export(rev, Path(tmp) / name), args.threads)
-                   for name, rev in (("before", args.before), ("after", args.after))}
+        workers = {
+            name: start(export(rev, Path(tmp) / name), args.threads)
+            for name, rev in (("before", args.before), ("after", args.after))
+        }
         ratios, speeds = [], {"before": [], "after": []}
         for prompt in prompts:
             job = {"prompt": prompt.text, "method": args.method, "tokens": args.max_new_tokens, "params": params}
@@ -92,15 +101,20 @@ def main() -> None:
             for name in speeds:
                 speeds[name].append(n / out[name]["seconds"])
             ratios.append(speeds["after"][-1] / speeds["before"][-1])
-            print(f"{prompt.id:24s} {n:4d} tokens  before {speeds['before'][-1]:6.1f} tok/s  "
-                  f"after {speeds['after'][-1]:6.1f} tok/s  after/before {ratios[-1]:.3f}", flush=True)
+            print(
+                f"{prompt.id:24s} {n:4d} tokens  before {speeds['before'][-1]:6.1f} tok/s  "
+                f"after {speeds['after'][-1]:6.1f} tok/s  after/before {ratios[-1]:.3f}",
+                flush=True,
+            )
         for proc in workers.values():
             proc.stdin.close()
             proc.wait()
     q1, med, q3 = np.percentile(ratios, [25, 50, 75])
-    print(f"{args.method} {params or ''}: before {np.median(speeds['before']):.1f} tok/s, after "
-          f"{np.median(speeds['after']):.1f} tok/s (medians); after/before median {med:.3f} ({q1:.3f}-{q3:.3f}) "
-          f"over {len(ratios)} prompts")
+    print(
+        f"{args.method} {params or ''}: before {np.median(speeds['before']):.1f} tok/s, after "
+        f"{np.median(speeds['after']):.1f} tok/s (medians); after/before median {med:.3f} ({q1:.3f}-{q3:.3f}) "
+        f"over {len(ratios)} prompts"
+    )
 
 
 if __name__ == "__main__":

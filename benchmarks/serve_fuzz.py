@@ -28,15 +28,77 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-METHODS = ["ar", "beam", "sd", "sd-opt", "batch-sd", "mcsd", "specinfer", "bild", "mtad", "mjsd", "dsbd", "mtjd",
-           "nope"]
-PARAMS = ["gamma", "width", "draft_width", "beam_width", "min_width", "drafts", "max_unchecked", "k_config", "tree",
-          "drafter", "min_ngram", "max_ngram", "eps", "tau", "acceptance", "overhead", "factors", "replacement",
-          "tree_attention", "bonus", "confidence", "rollback", "fallback", "length_penalty", "deterministic",
-          "one_cache", "output", "resample", "verifier", "ratio", "threshold", "beam_warp", "adapt",
-          "width_threshold"]
-FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-          "seed", "stop", "stream", "stream_options", "n", "method", "method_params", "logprobs", "user", "tools"]
+METHODS = [
+    "ar",
+    "beam",
+    "sd",
+    "sd-opt",
+    "batch-sd",
+    "mcsd",
+    "specinfer",
+    "bild",
+    "mtad",
+    "mjsd",
+    "dsbd",
+    "mtjd",
+    "nope",
+]
+PARAMS = [
+    "gamma",
+    "width",
+    "draft_width",
+    "beam_width",
+    "min_width",
+    "drafts",
+    "max_unchecked",
+    "k_config",
+    "tree",
+    "drafter",
+    "min_ngram",
+    "max_ngram",
+    "eps",
+    "tau",
+    "acceptance",
+    "overhead",
+    "factors",
+    "replacement",
+    "tree_attention",
+    "bonus",
+    "confidence",
+    "rollback",
+    "fallback",
+    "length_penalty",
+    "deterministic",
+    "one_cache",
+    "output",
+    "resample",
+    "verifier",
+    "ratio",
+    "threshold",
+    "beam_warp",
+    "adapt",
+    "width_threshold",
+]
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "method",
+    "method_params",
+    "logprobs",
+    "user",
+    "tools",
+]
 
 
 class Planted:
@@ -49,48 +111,102 @@ class Planted:
         Path(self.file).write_text(json.dumps([-1, 0, 1, self.marker]))
         self.fifo = os.path.join(folder, "pipe")
         os.mkfifo(self.fifo)
-        self.paths = [self.file, self.fifo, "/dev/zero", "/dev/stdin", "/etc/passwd", "/proc/self/environ",
-                      os.path.join(folder, "missing.json"), "../" * 8 + "etc/hostname", "~/.bashrc", folder]
+        self.paths = [
+            self.file,
+            self.fifo,
+            "/dev/zero",
+            "/dev/stdin",
+            "/etc/passwd",
+            "/proc/self/environ",
+            os.path.join(folder, "missing.json"),
+            "../" * 8 + "etc/hostname",
+            "~/.bashrc",
+            folder,
+        ]
 
 
 def json_values(paths: list[str]):
     """Any JSON value, leaning towards the ones that break servers."""
     scalars = st.one_of(
-        st.none(), st.booleans(),
-        st.integers(), st.sampled_from([0, -1, 1, 2**31, 2**63, 10**10, 10**30, -(10**18)]),
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.sampled_from([0, -1, 1, 2**31, 2**63, 10**10, 10**30, -(10**18)]),
         st.floats(allow_nan=True, allow_infinity=True),
-        st.text(max_size=40), st.sampled_from(paths), st.text(alphabet=st.characters(), min_size=100, max_size=3000),
+        st.text(max_size=40),
+        st.sampled_from(paths),
+        st.text(alphabet=st.characters(), min_size=100, max_size=3000),
     )
-    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                        | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+        max_leaves=12,
+    )
 
 
 def method_texts(paths: list[str]):
-    value = st.one_of(st.sampled_from(["1", "2", "4", "0", "-3", "auto", "10000000000", "4x2", "1x" * 300 + "1",
-                                       "nan", "inf", "true", "0.5/0.2", "9" * 5000]),
-                      st.sampled_from(paths), st.text(max_size=20))
+    value = st.one_of(
+        st.sampled_from(
+            [
+                "1",
+                "2",
+                "4",
+                "0",
+                "-3",
+                "auto",
+                "10000000000",
+                "4x2",
+                "1x" * 300 + "1",
+                "nan",
+                "inf",
+                "true",
+                "0.5/0.2",
+                "9" * 5000,
+            ]
+        ),
+        st.sampled_from(paths),
+        st.text(max_size=20),
+    )
     param = st.tuples(st.sampled_from(PARAMS), value).map(lambda kv: f"{kv[0]}={kv[1]}")
     return st.tuples(st.sampled_from(METHODS), st.lists(param, max_size=3)).map(
-        lambda mp: mp[0] + (":" + ",".join(mp[1]) if mp[1] else ""))
+        lambda mp: mp[0] + (":" + ",".join(mp[1]) if mp[1] else "")
+    )
 
 
 def method_params(paths: list[str]):
-    value = st.one_of(json_values(paths), st.sampled_from([[-1, -1, 0], [[[]], []], {"parents": [-1, 0]},
-                                                           list(range(-1, 300)), "auto", 10**10]))
+    value = st.one_of(
+        json_values(paths),
+        st.sampled_from([[-1, -1, 0], [[[]], []], {"parents": [-1, 0]}, list(range(-1, 300)), "auto", 10**10]),
+    )
     return st.dictionaries(st.sampled_from(PARAMS), value, max_size=3)
 
 
 def bodies(paths: list[str], max_tokens: int):
     """(endpoint, raw body): a valid request with a few fields mutated, a random object, or raw bytes."""
-    valid_chat = st.builds(lambda content, stream: {"model": "multispec", "messages": [{"role": "user", "content":
-                                                   content}], "max_tokens": max_tokens, "stream": stream},
-                           st.text(min_size=1, max_size=30), st.booleans())
-    valid_text = st.builds(lambda prompt, stream: {"model": "multispec", "prompt": prompt, "max_tokens": max_tokens,
-                                                   "stream": stream}, st.text(min_size=1, max_size=30), st.booleans())
+    valid_chat = st.builds(
+        lambda content, stream: {
+            "model": "multispec",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        },
+        st.text(min_size=1, max_size=30),
+        st.booleans(),
+    )
+    valid_text = st.builds(
+        lambda prompt, stream: {"model": "multispec", "prompt": prompt, "max_tokens": max_tokens, "stream": stream},
+        st.text(min_size=1, max_size=30),
+        st.booleans(),
+    )
     mutation = st.dictionaries(st.sampled_from(FIELDS), json_values(paths), max_size=3)
-    speculation = st.fixed_dictionaries({}, optional={"method": method_texts(paths),
-                                                      "method_params": method_params(paths),
-                                                      "stop": st.lists(st.text(max_size=400), max_size=6)})
+    speculation = st.fixed_dictionaries(
+        {},
+        optional={
+            "method": method_texts(paths),
+            "method_params": method_params(paths),
+            "stop": st.lists(st.text(max_size=400), max_size=6),
+        },
+    )
 
     def mutated(base, change):
         body = dict(base)
@@ -102,10 +218,12 @@ def bodies(paths: list[str], max_tokens: int):
         st.builds(mutated, valid_chat | valid_text, speculation),
         st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values(paths), max_size=6),
     ).map(lambda b: json.dumps(b).encode())
-    raw = st.one_of(st.binary(max_size=200),
-                    st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),
-                    st.just(b'{"model": "multispec", "prompt": ' + b"9" * 6000 + b"}"),
-                    st.just(b'{"model": "multispec", "prompt": "' + b"a" * (2 << 20) + b'"}'))
+    raw = st.one_of(
+        st.binary(max_size=200),
+        st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),
+        st.just(b'{"model": "multispec", "prompt": ' + b"9" * 6000 + b"}"),
+        st.just(b'{"model": "multispec", "prompt": "' + b"a" * (2 << 20) + b'"}'),
+    )
     endpoint = st.sampled_from(["/v1/completions", "/v1/chat/completions"])
     return st.tuples(endpoint, st.one_of(structured, structured, structured, raw))
 
@@ -118,8 +236,11 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(self.port),
-                                         "--log-level", "warning", *args], stdout=self.log, stderr=self.log)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "multispec", "serve", "--port", str(self.port), "--log-level", "warning", *args],
+            stdout=self.log,
+            stderr=self.log,
+        )
         deadline = time.time() + timeout
         while True:
             if self.process.poll() is not None:
@@ -202,8 +323,12 @@ class Fuzz:
         assert self.rss_max < self.rss_limit, f"the server holds {self.rss_max / 2**30:.2f} GiB"
 
     def summary(self) -> dict:
-        return {"requests": self.requests, "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
-                "longest_health_seconds": round(self.health_max, 3), "peak_rss_gib": round(self.rss_max / 2**30, 3)}
+        return {
+            "requests": self.requests,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "longest_health_seconds": round(self.health_max, 3),
+            "peak_rss_gib": round(self.rss_max / 2**30, 3),
+        }
 
 
 BODY_LIMIT = 1 << 20  # the server's default
@@ -224,8 +349,8 @@ def main() -> int:
         fuzz = Fuzz(server, planted, int(args.rss_gib * 2**30))
         t0 = time.time()
         try:
-            @settings(max_examples=args.requests, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+
+            @settings(max_examples=args.requests, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             @given(bodies(planted.paths, 8))
             def run(case):
                 fuzz.send(*case)
@@ -233,8 +358,13 @@ def main() -> int:
             run()
         finally:
             server.stop()
-        summary = {**fuzz.summary(), "seconds": round(time.time() - t0, 1), "date": time.strftime("%Y-%m-%d"),
-                   "machine": f"{platform.machine()}, {os.cpu_count()} cores", "server": SERVER_ARGS}
+        summary = {
+            **fuzz.summary(),
+            "seconds": round(time.time() - t0, 1),
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "server": SERVER_ARGS,
+        }
     print(json.dumps(summary, indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,16 @@ from pathlib import Path
 
 from openai import OpenAI
 
-PROMPTS = ["Name three colours.", "Give me two tips for sleeping well.", "What is the capital of Italy?",
-           "Write one sentence about the sea.", "Translate to German: good morning, my friend.",
-           "List four fruits.", "Explain what a verb is in one sentence.", "Say something kind."]
+PROMPTS = [
+    "Name three colours.",
+    "Give me two tips for sleeping well.",
+    "What is the capital of Italy?",
+    "Write one sentence about the sea.",
+    "Translate to German: good morning, my friend.",
+    "List four fruits.",
+    "Explain what a verb is in one sentence.",
+    "Say something kind.",
+]
 
 
 def free_port() -> int:
@@ -44,9 +51,14 @@ def run_load(port: int, method: str, clients: int, requests: int, max_tokens: in
             t0 = time.perf_counter()
             first = None
             stream = client.chat.completions.create(
-                model="multispec", messages=[{"role": "user", "content": PROMPTS[(c + r) % len(PROMPTS)]}],
-                max_tokens=max_tokens, seed=1000 * c + r, stream=True, stream_options={"include_usage": True},
-                extra_body={"method": method})
+                model="multispec",
+                messages=[{"role": "user", "content": PROMPTS[(c + r) % len(PROMPTS)]}],
+                max_tokens=max_tokens,
+                seed=1000 * c + r,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"method": method},
+            )
             finish, usage, spec = None, None, None
             for chunk in stream:
                 if chunk.choices:
@@ -58,9 +70,18 @@ def run_load(port: int, method: str, clients: int, requests: int, max_tokens: in
                     usage = chunk.usage
             seconds = time.perf_counter() - t0
             with lock:
-                rows.append({"client": c, "request": r, "seconds": seconds, "first_text_seconds": first,
-                             "finish": finish, "completion_tokens": usage.completion_tokens,
-                             "decode_seconds": spec["seconds"], "acceptance_rate": spec["acceptance_rate"]})
+                rows.append(
+                    {
+                        "client": c,
+                        "request": r,
+                        "seconds": seconds,
+                        "first_text_seconds": first,
+                        "finish": finish,
+                        "completion_tokens": usage.completion_tokens,
+                        "decode_seconds": spec["seconds"],
+                        "acceptance_rate": spec["acceptance_rate"],
+                    }
+                )
 
     threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -86,8 +107,22 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(port), "--log-level",
-                               "warning", "--max-queue", str(args.clients)], stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "multispec",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-queue",
+            str(args.clients),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while True:
@@ -99,27 +134,40 @@ def main() -> int:
                     print(server.stderr.read(), file=sys.stderr)
                     return 1
                 time.sleep(0.5)
-        report = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
-                  "clients": args.clients, "requests": args.requests, "max_tokens": args.max_tokens, "methods": {}}
+        report = {
+            "date": time.strftime("%Y-%m-%d"),
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "clients": args.clients,
+            "requests": args.requests,
+            "max_tokens": args.max_tokens,
+            "methods": {},
+        }
         for method in args.method or ["sd:gamma=3"]:
             t0 = time.perf_counter()
             rows = run_load(port, method, args.clients, args.requests, args.max_tokens)
             wall = time.perf_counter() - t0
             tokens = sum(r["completion_tokens"] for r in rows)
             summary = {
-                "responses": len(rows), "complete": sum(r["finish"] in ("stop", "length") for r in rows),
+                "responses": len(rows),
+                "complete": sum(r["finish"] in ("stop", "length") for r in rows),
                 "latency_seconds": percentiles([r["seconds"] for r in rows]),
-                "first_text_seconds": percentiles([r["first_text_seconds"] for r in rows
-                                                   if r["first_text_seconds"] is not None]),
-                "generated_tokens": tokens, "wall_seconds": wall, "served_tokens_per_second": tokens / wall,
+                "first_text_seconds": percentiles(
+                    [r["first_text_seconds"] for r in rows if r["first_text_seconds"] is not None]
+                ),
+                "generated_tokens": tokens,
+                "wall_seconds": wall,
+                "served_tokens_per_second": tokens / wall,
                 "decode_seconds_per_request": statistics.median(r["decode_seconds"] for r in rows),
             }
             report["methods"][method] = summary
             (out / f"rows-{method.replace(':', '_').replace('=', '')}.json").write_text(json.dumps(rows, indent=1))
             lat = summary["latency_seconds"]
-            print(f"{method}: {len(rows)} responses ({summary['complete']} complete) in {wall:.1f} s, "
-                  f"{summary['served_tokens_per_second']:.1f} tokens/s served; latency p50 {lat['p50']:.2f} s, "
-                  f"p90 {lat['p90']:.2f} s, p99 {lat['p99']:.2f} s")
+            print(
+                f"{method}: {len(rows)} responses ({summary['complete']} complete) in {wall:.1f} s, "
+                f"{summary['served_tokens_per_second']:.1f} tokens/s served; latency p50 {lat['p50']:.2f} s, "
+                f"p90 {lat['p90']:.2f} s, p99 {lat['p99']:.2f} s"
+            )
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as resp:
             (out / "metrics.txt").write_text(resp.read().decode())
         (out / "load.json").write_text(json.dumps(report, indent=1))

@@ -63,11 +63,15 @@ def main() -> None:
     bandwidth = read_bandwidth()
     bound = weight_bytes(model) / bandwidth
     ms = 1000
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; bound of one step {bound * ms:.2f} ms "
-          f"({weight_bytes(model) / 1e6:.0f} MB)")
-    print(f"T({args.tokens}) at c = {args.context}: forward {statistics.median(whole) * ms:.2f} ms, compiled call "
-          f"{statistics.median(inner['seconds']) * ms:.2f} ms (median of {args.steps}); "
-          f"forward / bound {statistics.median(whole) / bound:.2f}")
+    print(
+        f"read bandwidth {bandwidth / 1e9:.1f} GB/s; bound of one step {bound * ms:.2f} ms "
+        f"({weight_bytes(model) / 1e6:.0f} MB)"
+    )
+    print(
+        f"T({args.tokens}) at c = {args.context}: forward {statistics.median(whole) * ms:.2f} ms, compiled call "
+        f"{statistics.median(inner['seconds']) * ms:.2f} ms (median of {args.steps}); "
+        f"forward / bound {statistics.median(whole) / bound:.2f}"
+    )
     print(events.table(sort_by="self_cpu_time_total", row_limit=25))
 
 

@@ -51,9 +51,14 @@ def main() -> None:
                 model.crop(runner.cache, base)
                 runner.committed = base
         med = {k: float(np.median(v)) for k, v in times.items()}
-        results[dtype] = {"ms": {k: 1000 * med[k] for k in SIZES}, "ratio_to_plain": {k: med[k] / med[0] for k in SIZES}}
-        print(f"{dtype}: plain step {1000 * med[0]:.1f} ms; 1 + k tokens / plain step: "
-              + ", ".join(f"{k}: {med[k] / med[0]:.2f}" for k in SIZES))
+        results[dtype] = {
+            "ms": {k: 1000 * med[k] for k in SIZES},
+            "ratio_to_plain": {k: med[k] / med[0] for k in SIZES},
+        }
+        print(
+            f"{dtype}: plain step {1000 * med[0]:.1f} ms; 1 + k tokens / plain step: "
+            + ", ".join(f"{k}: {med[k] / med[0]:.2f}" for k in SIZES)
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

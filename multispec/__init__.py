@@ -8,8 +8,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "ModelPair": "api", "Result": "api", "generate": "api", "load_model": "api", "load_pair": "api",
-    "METHODS": "decoding", "LanguageModel": "models.base", "HFModel": "models.hf", "MarkovLM": "models.markov",
+    "ModelPair": "api",
+    "Result": "api",
+    "generate": "api",
+    "load_model": "api",
+    "load_pair": "api",
+    "METHODS": "decoding",
+    "LanguageModel": "models.base",
+    "HFModel": "models.hf",
+    "MarkovLM": "models.markov",
     "Sampling": "warp",
 }
 __all__ = sorted(_EXPORTS)

@@ -39,9 +39,14 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def load_model(name: str | None, device: str | None = None, default: str = TARGET_NAME,
-               dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
-               compile: bool | str = False) -> LanguageModel:
+def load_model(
+    name: str | None,
+    device: str | None = None,
+    default: str = TARGET_NAME,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+    compile: bool | str = False,
+) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
     hub id or path. `dtype` (float32, bfloat16, float16; default bfloat16 where the hardware has fast
     bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
@@ -93,9 +98,14 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None, device_map: str | dict | None = None,
-              compile: bool | str = False) -> ModelPair:
+def load_pair(
+    target: str | None = None,
+    draft: str | None = None,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    device_map: str | dict | None = None,
+    compile: bool | str = False,
+) -> ModelPair:
     """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` and
     `compile` for both (`compile="invariant"`: the target's compiled steps are batch-invariant, so greedy
     speculative methods give greedy `ar`'s tokens; True: so are they where that costs no more on this machine;
@@ -168,8 +178,8 @@ def generate(
 ) -> Result:
     """Generate with `method`: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a
     colon as on the command line ("sd:gamma=6"); keyword parameters override those. The default,
-    `DEFAULT_METHOD` ("sd:gamma=auto,drafter=hybrid"), is the command line's. `prompt` is text (chat template applied when the
-    tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
+    `DEFAULT_METHOD` ("sd:gamma=auto,drafter=hybrid"), is the command line's. `prompt` is text (chat template
+    applied when the tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
 
     `on_tokens` is called with each piece of output as it is committed; a true return ends the output there
     (`stats["stopped"]` "stop": a stop string was met). `cancel`, set from another thread, ends it at the
@@ -183,9 +193,12 @@ def generate(
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)
     use = spec.draft_use(params)
     if use == "required" and draft is None:
-        raise ValueError(f"method {method!r} needs a draft model; none was given (or use drafter=lookup, "
-                         "suffix or hybrid, which need none)" if "drafter" in spec.params else
-                         f"method {method!r} needs a draft model; none was given")
+        raise ValueError(
+            f"method {method!r} needs a draft model; none was given (or use drafter=lookup, "
+            "suffix or hybrid, which need none)"
+            if "drafter" in spec.params
+            else f"method {method!r} needs a draft model; none was given"
+        )
     if use == "none":
         draft = None
     if draft is not None:
@@ -208,19 +221,28 @@ def generate(
         spec.run(session, **params)
     seconds = time.perf_counter() - t0
     seconds_after, compiles_after, captures_after = _compiling(target, draft)
-    stats = _stats(session, seconds, seconds_after - seconds_before, compiles_after - compiles_before,
-                   captures_after - captures_before)
+    stats = _stats(
+        session,
+        seconds,
+        seconds_after - seconds_before,
+        compiles_after - compiles_before,
+        captures_after - captures_before,
+    )
     # a compiled or captured step that failed during this call, which then ran its steps without (one line each)
-    stats["fallbacks"] = [f"{m.name}: {why}" for m, n in zip((target, draft), fallbacks_before, strict=True)
-                          for why in getattr(m, "fallbacks", ())[n:]]
+    stats["fallbacks"] = [
+        f"{m.name}: {why}"
+        for m, n in zip((target, draft), fallbacks_before, strict=True)
+        for why in getattr(m, "fallbacks", ())[n:]
+    ]
     if score:
         stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
         stats["perplexity"] = perplexity([stats["mean_logprob"]])
     return Result(session.new_tokens, target.decode(session.new_tokens), stats, prompt_ids)
 
 
-def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None,
-                     files: bool = True):
+def validate_request(
+    method: str, max_new_tokens, temperature, top_k, top_p, method_params: dict, seed=None, files: bool = True
+):
     """Everything about a request that can be checked without a model: (method, parameters, sampling). Without
     `files`, parameters that could name a file take inline values only (see `Method.resolve`)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
@@ -229,8 +251,10 @@ def validate_request(method: str, max_new_tokens, temperature, top_k, top_p, met
     params = spec.resolve(method_params, files=files)
     sampling = Sampling(temperature, top_k, top_p)
     if sampling.greedy and not spec.greedy:
-        raise ValueError(f"method {method!r} samples and has no temperature-0 form; use a temperature above 0"
-                         + (" (or beam, whose temperature 0 is beam search)" if method == "dsbd" else ""))
+        raise ValueError(
+            f"method {method!r} samples and has no temperature-0 form; use a temperature above 0"
+            + (" (or beam, whose temperature 0 is beam search)" if method == "dsbd" else "")
+        )
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return spec, params, sampling
@@ -262,8 +286,11 @@ def _compiling(*models) -> tuple[float, int, int]:
     from . import machine
 
     models = [m for m in models if m is not None]
-    return (sum(getattr(m, "compile_seconds", 0.0) for m in models) + machine.calibration_seconds,
-            sum(getattr(m, "compiles", 0) for m in models), sum(getattr(m, "graph_captures", 0) for m in models))
+    return (
+        sum(getattr(m, "compile_seconds", 0.0) for m in models) + machine.calibration_seconds,
+        sum(getattr(m, "compiles", 0) for m in models),
+        sum(getattr(m, "graph_captures", 0) for m in models),
+    )
 
 
 def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> dict[str, Any]:
@@ -311,8 +338,9 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, ca
         # that reached it (every earlier draft accepted)
         "accepted_length_histogram": list(s.accepted_lengths),
         "accepted_per_position": list(s.position_accepts) + [0] * (len(s.position_tries) - len(s.position_accepts)),
-        "position_acceptance": [a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries),
-                                                       s.position_tries, strict=False)],
+        "position_acceptance": [
+            a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries), s.position_tries, strict=False)
+        ],
         # tree methods: per drafter ("model/without-replacement", "model/iid", "model/top-k", "copy"), by depth
         # (rows) and sibling rank (columns): tries, accepts, and the acceptance of the rank-i child given that
         # the earlier ones were rejected

@@ -107,8 +107,16 @@ def check_method(
         weights = vocab ** np.arange(n_tokens - 1, -1, -1)
         for r in range(runs):
             out = generate(
-                target, draft, prompt, method=method, max_new_tokens=n_tokens,
-                temperature=temperature, top_k=top_k, top_p=top_p, seed=pair_seed * 10**7 + r, score=False,
+                target,
+                draft,
+                prompt,
+                method=method,
+                max_new_tokens=n_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=pair_seed * 10**7 + r,
+                score=False,
                 **method_params,
             ).token_ids
             if len(out) != n_tokens:
@@ -125,6 +133,14 @@ def check_method(
         results.append(PairResult(pair_seed, chi2, dof, p, tv, int((probs > 0).sum())))
     if bar is not None:
         bar.close()
-    return CheckReport(method, method_params, runs, vocab, n_tokens, models,
-                       {"temperature": temperature, "top_k": top_k, "top_p": top_p}, alpha, results)
-
+    return CheckReport(
+        method,
+        method_params,
+        runs,
+        vocab,
+        n_tokens,
+        models,
+        {"temperature": temperature, "top_k": top_k, "top_p": top_p},
+        alpha,
+        results,
+    )

@@ -143,8 +143,9 @@ class ModelRunner:
             if entries.tokens.shape[0] != len(rows):
                 raise ValueError(f"entries for {entries.tokens.shape[0]} rows fed with {len(rows)} hypotheses")
             if entries.sees is not None and entries.sees.shape[-1] != self.tentative + s:
-                raise RuntimeError(f"entries that see {entries.sees.shape[-1] - s} tentative entries fed with "
-                                   f"{self.tentative} cached")
+                raise RuntimeError(
+                    f"entries that see {entries.sees.shape[-1] - s} tentative entries fed with {self.tentative} cached"
+                )
             if entries.is_chain and (self._sees is not None or self._tree is not None):
                 raise RuntimeError("a chain can only continue a chain of tentative entries")
         n = n_pending + s
@@ -168,12 +169,16 @@ class ModelRunner:
         # one-time work done outside forwards (a kernel decided when a cost curve was looked up) is not this one's
         self._compiled_seen = getattr(self.model, "compile_seconds", 0.0)
         t0, before = time.perf_counter(), (self.seconds, self.one_time)
-        logits = self.model.forward(self.cache, tokens, positions.to(device),
-                                    None if mask is None else mask.to(device),
-                                    logits_to_keep=s + (1 if n_pending else 0),
-                                    # a prompt but its last token: logits not kept, and fed alike by every method
-                                    fused_prefix=n_pending - 1 if self.committed == 0 else 0,
-                                    batch_invariant=self.batch_invariant)
+        logits = self.model.forward(
+            self.cache,
+            tokens,
+            positions.to(device),
+            None if mask is None else mask.to(device),
+            logits_to_keep=s + (1 if n_pending else 0),
+            # a prompt but its last token: logits not kept, and fed alike by every method
+            fused_prefix=n_pending - 1 if self.committed == 0 else 0,
+            batch_invariant=self.batch_invariant,
+        )
         if getattr(device, "type", None) == "cuda":
             # a GPU forward returns before its kernels finish: without this, the wait would be counted in
             # whatever reads the logits first (the rule's time), not in the forward's
@@ -195,8 +200,12 @@ class ModelRunner:
             return
         b, s = entries.tokens.shape
         t = self.tentative
-        if entries.of_tree is not None and entries.start == t and self._sees is None and (
-                self._tree is entries.of_tree or t == 0):
+        if (
+            entries.of_tree is not None
+            and entries.start == t
+            and self._sees is None
+            and (self._tree is entries.of_tree or t == 0)
+        ):
             self._tree = entries.of_tree  # the tree's nodes [0, t + s): nothing to build
             return
         self._spell_out()
@@ -230,7 +239,8 @@ class ModelRunner:
         # entries see their ancestors: an entry at depth i + 1 that sees one at depth i is its child
         index = torch.tensor(kept)
         return torch.equal(self._depth[row, index], torch.arange(1, len(kept) + 1)) and bool(
-            self._sees[row, index[1:], index[:-1]].all())
+            self._sees[row, index[1:], index[:-1]].all()
+        )
 
     def commit(self, new_length: int, kept: list[list[int]] | None = None, sources: list[int] | None = None) -> None:
         """The committed sequences are now `new_length` tokens long: new row r continues old row `sources[r]`
@@ -354,8 +364,10 @@ class Session:
 
     def forward_seconds(self) -> tuple[float, float]:
         """Seconds in target and in draft forwards so far, compiles left out."""
-        return (self.target.seconds - self.target.one_time,
-                self.draft.seconds - self.draft.one_time if self.draft is not None else 0.0)
+        return (
+            self.target.seconds - self.target.one_time,
+            self.draft.seconds - self.draft.one_time if self.draft is not None else 0.0,
+        )
 
     def draft_runner(self) -> ModelRunner:
         """The draft model's runner, made on first use: the drafter that asks for it feeds and commits it
@@ -366,8 +378,14 @@ class Session:
             self.draft = ModelRunner(self.draft_model, batch_invariant=False)  # only the target's logits decide
         return self.draft
 
-    def commit(self, verdict: Verdict, drafted: int = 0, nodes: int | None = None, depth: int | None = None,
-               paths: list[list[int]] | None = None) -> None:
+    def commit(
+        self,
+        verdict: Verdict,
+        drafted: int = 0,
+        nodes: int | None = None,
+        depth: int | None = None,
+        paths: list[list[int]] | None = None,
+    ) -> None:
         """Commit one iteration's verdict: append its tokens (cut at EOS and at the budget), count it, and
         commit the target's cache to the accepted path (the drafter commits its own on `accept`).
         `drafted`: draft positions this iteration (for the acceptance rate); `nodes`: proposed nodes, when a
@@ -387,8 +405,9 @@ class Session:
             row = next(r for r, path in enumerate(paths) if path[: len(accepted)] == accepted)
             runner.commit(len(self.tokens), [list(range(len(accepted)))], sources=[row])
 
-    def count(self, accepted: int, rejected: bool, drafted: int = 0, nodes: int | None = None,
-              depth: int | None = None) -> None:
+    def count(
+        self, accepted: int, rejected: bool, drafted: int = 0, nodes: int | None = None, depth: int | None = None
+    ) -> None:
         """Count one iteration: `accepted` of its `drafted` positions passed (see `commit`)."""
         depth = drafted if depth is None else depth
         self.counters["iterations"] += 1
@@ -444,6 +463,7 @@ class Hypotheses:
         """The output among finished and current hypotheses: the highest log-likelihood / length **
         length_penalty (transformers' name and formula). 1 ranks by the mean log-likelihood per token, the
         perplexity outputs are judged by; 0 by the total, which favours short answers."""
-        candidates = self.finished + [(float(sc), r[self.start :]) for sc, r in zip(self.scores.tolist(), self.rows,
-                                                                                   strict=True)]
+        candidates = self.finished + [
+            (float(sc), r[self.start :]) for sc, r in zip(self.scores.tolist(), self.rows, strict=True)
+        ]
         return max(candidates, key=lambda c: c[0] / max(1, len(c[1])) ** length_penalty)[1]

@@ -36,10 +36,18 @@ log = logging.getLogger("multispec.serve")
 
 DEFAULT_MAX_TOKENS = 128  # as `multispec generate`
 # fields of OpenAI's requests this server does not implement: refused when set to anything but their no-op
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "tools": (None, []),
-               "response_format": (None, {"type": "text"}), "best_of": (None, 1), "echo": (None, False),
-               "suffix": (None, "")}
+UNSUPPORTED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+}
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,17 @@ class Limits:
     ngram: int = 16  # a copying drafter's n-gram lengths (min_ngram, max_ngram)
 
     # the method parameters each size limit bounds (every sized parameter of the registry has one)
-    SIZES = {"gamma": "gamma", "max_unchecked": "max_unchecked", "width": "rows", "draft_width": "rows",
-             "beam_width": "rows", "min_width": "rows", "drafts": "rows", "min_ngram": "ngram",
-             "max_ngram": "ngram"}
+    SIZES = {
+        "gamma": "gamma",
+        "max_unchecked": "max_unchecked",
+        "width": "rows",
+        "draft_width": "rows",
+        "beam_width": "rows",
+        "min_width": "rows",
+        "drafts": "rows",
+        "min_ngram": "ngram",
+        "max_ngram": "ngram",
+    }
 
     def __post_init__(self):
         for name in self.__dataclass_fields__:
@@ -79,8 +95,9 @@ class Limits:
             name, sep, value = item.partition("=")
             name = name.strip().replace("-", "_")
             if not sep or name not in cls.__dataclass_fields__:
-                raise ValueError(f"--limit takes NAME=N with NAME one of {', '.join(cls.__dataclass_fields__)}; "
-                                 f"got {item!r}")
+                raise ValueError(
+                    f"--limit takes NAME=N with NAME one of {', '.join(cls.__dataclass_fields__)}; got {item!r}"
+                )
             try:
                 changed[name] = int(value)
             except ValueError:
@@ -91,8 +108,14 @@ class Limits:
 class RequestError(Exception):
     """A request this server refuses: HTTP status and an OpenAI-style error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -131,16 +154,25 @@ class Metrics:
         self.drafts = Counter("vllm:spec_decode_num_drafts", "Draft proposals verified", registry=r)
         self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft positions proposed", registry=r)
         self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
-        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                        "Draft tokens accepted, by draft position", ["position"], registry=r)
-        self.requests = Counter("multispec_requests", "Requests answered, by endpoint and HTTP status",
-                                ["endpoint", "status"], registry=r)
+        self.accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by draft position",
+            ["position"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "multispec_requests", "Requests answered, by endpoint and HTTP status", ["endpoint", "status"], registry=r
+        )
         self.cancelled = Counter("multispec_requests_cancelled", "Generations ended by a client leaving", registry=r)
         self.prompt_tokens = Counter("multispec_prompt_tokens", "Prompt tokens of served requests", registry=r)
         self.generation_tokens = Counter("multispec_generation_tokens", "Tokens generated", registry=r)
         self.waiting = Gauge("multispec_requests_waiting", "Requests queued or running", registry=r)
-        self.latency = Histogram("multispec_request_seconds", "Time from arrival to the last token", registry=r,
-                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+        self.latency = Histogram(
+            "multispec_request_seconds",
+            "Time from arrival to the last token",
+            registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
 
     def count(self, spec: dict) -> None:
         self.drafts.inc(spec["num_drafts"])
@@ -167,14 +199,23 @@ def speculation(stats: dict) -> dict:
 class Server:
     """The application (`self.app`, ASGI) over one model pair."""
 
-    def __init__(self, pair: ModelPair, *, model_name: str = "multispec", method: str = DEFAULT_METHOD,
-                 max_queue: int = 16, max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None):
+    def __init__(
+        self,
+        pair: ModelPair,
+        *,
+        model_name: str = "multispec",
+        method: str = DEFAULT_METHOD,
+        max_queue: int = 16,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        limits: Limits | None = None,
+    ):
         self.limits = limits = limits or Limits()
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= limits.max_tokens:
-            raise ValueError(f"max_tokens must be an integer in [1, {limits.max_tokens}] (the max_tokens limit), "
-                             f"got {max_tokens!r}")
+            raise ValueError(
+                f"max_tokens must be an integer in [1, {limits.max_tokens}] (the max_tokens limit), got {max_tokens!r}"
+            )
         if pair.target.tokenizer is None:
             raise ValueError(f"{pair.target.name} has no tokenizer: a text server needs one")
         self.pair, self.model_name = pair, model_name
@@ -197,14 +238,17 @@ class Server:
 
         async def http_error(request, exc: HTTPException):
             status = exc.status_code
-            message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
-                       f"{request.url.path}"}.get(status, str(exc.detail))
+            message = {
+                404: f"no route {request.url.path}",
+                405: f"{request.method} is not allowed on {request.url.path}",
+            }.get(status, str(exc.detail))
             return self._error(request, RequestError(status, message, code={404: "not_found"}.get(status)))
 
         async def server_error(request, exc: Exception):
             log.exception("unexpected failure on %s", request.url.path)
-            return self._error(request, RequestError(500, f"internal error ({type(exc).__name__})",
-                                                     kind="server_error"))
+            return self._error(
+                request, RequestError(500, f"internal error ({type(exc).__name__})", kind="server_error")
+            )
 
         routes = [
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -235,9 +279,21 @@ class Server:
     async def _models(self, request):
         from starlette.responses import JSONResponse
 
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "multispec",
-             "root": self.pair.target.name, "max_model_len": self.pair.target.max_length}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "multispec",
+                        "root": self.pair.target.name,
+                        "max_model_len": self.pair.target.max_length,
+                    }
+                ],
+            }
+        )
 
     async def _chat(self, request):
         return await self._serve(request, chat=True)
@@ -255,9 +311,16 @@ class Server:
         except RequestError as e:
             return self._error(request, e)
         if self.in_flight > self.max_queue:  # one running and max_queue waiting
-            return self._error(request, RequestError(
-                429, f"the server is busy: {self.in_flight} requests are queued or running (at most "
-                f"{self.max_queue + 1}); retry later", code="queue_full", kind="rate_limit_error"))
+            return self._error(
+                request,
+                RequestError(
+                    429,
+                    f"the server is busy: {self.in_flight} requests are queued or running (at most "
+                    f"{self.max_queue + 1}); retry later",
+                    code="queue_full",
+                    kind="rate_limit_error",
+                ),
+            )
         self.in_flight += 1
         self.metrics.waiting.set(self.in_flight)
         future = asyncio.wrap_future(self.executor.submit(self._run, job))
@@ -265,8 +328,7 @@ class Server:
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if stream:
             events = self._events(request, job, future, ident, chat, include_usage, arrived)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         watcher = asyncio.create_task(self._watch(request, job))
         try:
             result, text = await self._wait(job)
@@ -286,8 +348,9 @@ class Server:
     async def _json(self, request) -> dict:
         limit = self.limits.body_bytes
         declared = request.headers.get("content-length", "")
-        too_long = RequestError(413, f"the request body is larger than the limit of {limit} bytes",
-                                code="body_too_large")
+        too_long = RequestError(
+            413, f"the request body is larger than the limit of {limit} bytes", code="body_too_large"
+        )
         if declared.isdigit() and int(declared) > limit:
             raise too_long
         chunks, size = [], 0
@@ -299,11 +362,13 @@ class Server:
         try:
             body = json.loads(b"".join(chunks))
         except RecursionError:
-            raise RequestError(400, "the request body is not valid JSON: nested too deeply", code="invalid_json") \
-                from None
+            raise RequestError(
+                400, "the request body is not valid JSON: nested too deeply", code="invalid_json"
+            ) from None
         except ValueError as e:  # (JSONDecodeError, UnicodeDecodeError, an integer of too many digits)
-            raise RequestError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json") \
-                from None
+            raise RequestError(
+                400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_json"
+            ) from None
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object", code="invalid_json")
         return body
@@ -316,12 +381,18 @@ class Server:
         if model is None:
             raise RequestError(400, "the request has no 'model'", param="model")
         if model != self.model_name:
-            raise RequestError(404, f"the model {_short(model)} does not exist here; this server serves "
-                               f"{self.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
+            raise RequestError(
+                404,
+                f"the model {_short(model)} does not exist here; this server serves "
+                f"{self.model_name!r} (GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
         for key, allowed in UNSUPPORTED.items():
             if body.get(key, None) not in allowed:
-                raise RequestError(400, f"'{key}' is not supported by this server", param=key,
-                                   code="unsupported_parameter")
+                raise RequestError(
+                    400, f"'{key}' is not supported by this server", param=key, code="unsupported_parameter"
+                )
         n = body.get("n", 1)
         if n != 1:
             raise RequestError(400, f"'n' must be 1 (one choice per request), got {_short(n)}", param="n")
@@ -339,8 +410,7 @@ class Server:
         if top_k == -1:  # vLLM's "off"
             top_k = 0
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise RequestError(400, f"'top_k' must be an integer >= 0 (or -1: off), got {_short(top_k)}",
-                               param="top_k")
+            raise RequestError(400, f"'top_k' must be an integer >= 0 (or -1: off), got {_short(top_k)}", param="top_k")
         if top_k >= self.pair.target.vocab_size:  # keeps every token: off
             top_k = 0
         seed = body.get("seed")
@@ -350,10 +420,17 @@ class Server:
         if isinstance(stop, str):
             stop = [stop]
         limits = self.limits
-        if (not isinstance(stop, list) or len(stop) > limits.stop_strings
-                or not all(isinstance(s, str) and 0 < len(s) <= limits.stop_length for s in stop)):
-            raise RequestError(400, f"'stop' must be a string or a list of at most {limits.stop_strings} of them, "
-                               f"each of 1 to {limits.stop_length} characters; got {_short(stop)}", param="stop")
+        if (
+            not isinstance(stop, list)
+            or len(stop) > limits.stop_strings
+            or not all(isinstance(s, str) and 0 < len(s) <= limits.stop_length for s in stop)
+        ):
+            raise RequestError(
+                400,
+                f"'stop' must be a string or a list of at most {limits.stop_strings} of them, "
+                f"each of 1 to {limits.stop_length} characters; got {_short(stop)}",
+                param="stop",
+            )
         method, params = self._method(body)
 
         prompt_ids = self._prompt_ids(body, chat)
@@ -361,16 +438,24 @@ class Server:
         if not prompt_ids:
             raise RequestError(400, "the prompt is empty after tokenisation", param=where)
         if len(prompt_ids) > limits.prompt_tokens:
-            raise RequestError(400, f"the prompt has {len(prompt_ids)} tokens, above this server's limit of "
-                               f"{limits.prompt_tokens}", param=where, code="context_length_exceeded")
+            raise RequestError(
+                400,
+                f"the prompt has {len(prompt_ids)} tokens, above this server's limit of {limits.prompt_tokens}",
+                param=where,
+                code="context_length_exceeded",
+            )
         room = self.pair.target.max_length
         if self.pair.draft is not None and self.pair.draft.max_length is not None:
             room = min(room, self.pair.draft.max_length) if room is not None else self.pair.draft.max_length
         left = None if room is None else room - len(prompt_ids)
         if left is not None and left < 1:
-            raise RequestError(400, f"this model's context is {room} tokens; the prompt has {len(prompt_ids)}, "
-                               "which leaves no room for an answer", param="messages" if chat else "prompt",
-                               code="context_length_exceeded")
+            raise RequestError(
+                400,
+                f"this model's context is {room} tokens; the prompt has {len(prompt_ids)}, "
+                "which leaves no room for an answer",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = body.get(key)
         if max_tokens is None:
@@ -378,31 +463,41 @@ class Server:
         elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise RequestError(400, f"'{key}' must be an integer >= 1, got {_short(max_tokens)}", param=key)
         elif max_tokens > limits.max_tokens:
-            raise RequestError(400, f"'{key}' is {max_tokens}, above this server's limit of {limits.max_tokens}",
-                               param=key)
+            raise RequestError(
+                400, f"'{key}' is {max_tokens}, above this server's limit of {limits.max_tokens}", param=key
+            )
         elif left is not None and max_tokens > left:
-            raise RequestError(400, f"this model's context is {room} tokens; the prompt has {len(prompt_ids)} and "
-                               f"'{key}' asks for {max_tokens}: at most {left} fit", param=key,
-                               code="context_length_exceeded")
+            raise RequestError(
+                400,
+                f"this model's context is {room} tokens; the prompt has {len(prompt_ids)} and "
+                f"'{key}' asks for {max_tokens}: at most {left} fit",
+                param=key,
+                code="context_length_exceeded",
+            )
         try:
             validate_request(method, max_tokens, temperature, top_k, top_p, params, seed, files=False)
         except ValueError as e:
             raise RequestError(400, str(e), param="method") from None
-        job = Job(prompt_ids, method, params, max_tokens, temperature, top_p, top_k, seed, stop,
-                  asyncio.get_running_loop())
+        job = Job(
+            prompt_ids, method, params, max_tokens, temperature, top_p, top_k, seed, stop, asyncio.get_running_loop()
+        )
         return job, stream, include_usage
 
     def _method(self, body: dict) -> tuple[str, dict]:
         spec = body.get("method")
         extra = body.get("method_params") or {}
         if not isinstance(extra, dict):
-            raise RequestError(400, "'method_params' must be an object of parameter names and values",
-                               param="method_params")
+            raise RequestError(
+                400, "'method_params' must be an object of parameter names and values", param="method_params"
+            )
         if spec is None:
             method, params = self.default_method, dict(self.default_params)
         elif not isinstance(spec, str) or not spec.strip():
-            raise RequestError(400, f"'method' must be a method name, parameters after a colon (sd:gamma=4); "
-                               f"got {_short(spec)}", param="method")
+            raise RequestError(
+                400,
+                f"'method' must be a method name, parameters after a colon (sd:gamma=4); got {_short(spec)}",
+                param="method",
+            )
         else:
             try:
                 method, params = parse_method(spec)
@@ -439,8 +534,10 @@ class Server:
                 name = Limits.SIZES.get(key, "")
                 high = getattr(limits, name, p.high)
                 if value > high:
-                    raise ValueError(f"{key} is {value}, above this server's limit of {high}"
-                                     + (f" ({name})" if name and name != key else ""))
+                    raise ValueError(
+                        f"{key} is {value}, above this server's limit of {high}"
+                        + (f" ({name})" if name and name != key else "")
+                    )
         tree = params.get("tree")
         if tree is not None and tree != "auto":
             tree = as_tree(tree)
@@ -448,17 +545,22 @@ class Server:
             tree = TokenTree.from_branching(parse_k_config(params["k_config"]))
         if isinstance(tree, TokenTree):
             if tree.size > limits.tree_nodes:
-                raise ValueError(f"the tree has {tree.size} nodes, above this server's limit of "
-                                 f"{limits.tree_nodes} (tree_nodes)")
+                raise ValueError(
+                    f"the tree has {tree.size} nodes, above this server's limit of {limits.tree_nodes} (tree_nodes)"
+                )
             paths = len(tree.leaves())
             if params.get("tree_attention") is False and paths > limits.rows:
-                raise ValueError(f"scored one row per path (tree_attention=false), the tree's {paths} paths are "
-                                 f"above this server's limit of {limits.rows} rows")
+                raise ValueError(
+                    f"scored one row per path (tree_attention=false), the tree's {paths} paths are "
+                    f"above this server's limit of {limits.rows} rows"
+                )
         if params.get("drafts") is not None and isinstance(params.get("gamma"), int):  # batch-sd: M chains
             nodes = params["drafts"] * params["gamma"]
             if nodes > limits.tree_nodes:
-                raise ValueError(f"{params['drafts']} chains of {params['gamma']} are {nodes} nodes, above this "
-                                 f"server's limit of {limits.tree_nodes} (tree_nodes)")
+                raise ValueError(
+                    f"{params['drafts']} chains of {params['gamma']} are {nodes} nodes, above this "
+                    f"server's limit of {limits.tree_nodes} (tree_nodes)"
+                )
 
     def _prompt_ids(self, body: dict, chat: bool) -> list[int]:
         target = self.pair.target
@@ -467,8 +569,11 @@ class Server:
             if not isinstance(messages, list) or not messages:
                 raise RequestError(400, "'messages' must be a non-empty list", param="messages")
             if len(messages) > self.limits.messages:
-                raise RequestError(400, f"{len(messages)} messages are above this server's limit of "
-                                   f"{self.limits.messages}", param="messages")
+                raise RequestError(
+                    400,
+                    f"{len(messages)} messages are above this server's limit of {self.limits.messages}",
+                    param="messages",
+                )
             conversation = [_message(m, i) for i, m in enumerate(messages)]
             try:
                 with self.tokenizer_lock:
@@ -488,11 +593,13 @@ class Server:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < target.vocab_size]
             if bad:
-                raise RequestError(400, f"prompt token id {bad[0]} is outside the vocabulary of {target.vocab_size}",
-                                   param="prompt")
+                raise RequestError(
+                    400, f"prompt token id {bad[0]} is outside the vocabulary of {target.vocab_size}", param="prompt"
+                )
             return list(prompt)
-        raise RequestError(400, "'prompt' must be a string or a list of token ids (one prompt per request)",
-                           param="prompt")
+        raise RequestError(
+            400, "'prompt' must be a string or a list of token ids (one prompt per request)", param="prompt"
+        )
 
     def _run(self, job: Job):
         """On the worker thread: generate, sending text pieces to the request as they are committed."""
@@ -508,10 +615,21 @@ class Server:
                     job.emit("text", piece)
                 return text.stopped
 
-            result = generate(self.pair.target, self.pair.draft, job.prompt_ids, method=job.method,
-                              max_new_tokens=job.max_tokens, temperature=job.temperature, top_k=job.top_k,
-                              top_p=job.top_p, seed=job.seed, on_tokens=on_tokens, score=False, cancel=job.cancel,
-                              **job.params)
+            result = generate(
+                self.pair.target,
+                self.pair.draft,
+                job.prompt_ids,
+                method=job.method,
+                max_new_tokens=job.max_tokens,
+                temperature=job.temperature,
+                top_k=job.top_k,
+                top_p=job.top_p,
+                seed=job.seed,
+                on_tokens=on_tokens,
+                score=False,
+                cancel=job.cancel,
+                **job.params,
+            )
             rest = text.finish()
             if rest:
                 job.emit("text", rest)
@@ -595,25 +713,39 @@ class Server:
 
     def _chunk(self, ident: str, chat: bool, delta, finish: str | None) -> dict:
         if chat:
-            choice = {"index": 0, "delta": {"content": delta} if isinstance(delta, str) else (delta or {}),
-                      "logprobs": None, "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "delta": {"content": delta} if isinstance(delta, str) else (delta or {}),
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             obj = "chat.completion.chunk"
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
-        return {"id": ident, "object": obj, "created": int(time.time()), "model": self.model_name,
-                "choices": [choice]}
+        return {"id": ident, "object": obj, "created": int(time.time()), "model": self.model_name, "choices": [choice]}
 
     def _whole(self, ident: str, chat: bool, job: Job, result, text: str) -> dict:
         finish = _finish_reason(result.stats)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        out = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-               "model": self.model_name, "choices": [choice], "usage": _usage(job, result),
-               "method": job.method, "spec_decode": speculation(result.stats)}
+        out = {
+            "id": ident,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": _usage(job, result),
+            "method": job.method,
+            "spec_decode": speculation(result.stats),
+        }
         if result.stats.get("fallbacks"):  # this request's steps ran uncompiled or uncaptured after a failure
             out["fallbacks"] = result.stats["fallbacks"]
         return out
@@ -621,8 +753,15 @@ class Server:
     def warm_up(self) -> None:
         """One short generation, so that the first request does not pay for lazy initialisation."""
         ids = self.pair.target.encode("Hello", chat=False)
-        generate(self.pair.target, self.pair.draft, ids, method=self.default_method, max_new_tokens=4,
-                 score=False, **self.default_params)
+        generate(
+            self.pair.target,
+            self.pair.draft,
+            ids,
+            method=self.default_method,
+            max_new_tokens=4,
+            score=False,
+            **self.default_params,
+        )
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -667,8 +806,11 @@ def _number(body: dict, key: str, default: float, low: float, high: float) -> fl
 
 def _message(m, i: int) -> dict:
     if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-        raise RequestError(400, f"messages[{i}] must be an object with a role (system, user or assistant) and "
-                           "content", param=f"messages[{i}]")
+        raise RequestError(
+            400,
+            f"messages[{i}] must be an object with a role (system, user or assistant) and content",
+            param=f"messages[{i}]",
+        )
     content = m.get("content")
     if isinstance(content, list):  # content parts: text only
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):

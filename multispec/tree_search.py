@@ -66,8 +66,9 @@ class RankAcceptance:
             self.tries[: other.tries.shape[0], : other.tries.shape[1]] += other.tries
             self.accepts[: other.accepts.shape[0], : other.accepts.shape[1]] += other.accepts
 
-    def pooled(self, prior: list[float] | None = None, ranks: int = MAX_CHILDREN,
-               weight: float | None = None) -> np.ndarray:
+    def pooled(
+        self, prior: list[float] | None = None, ranks: int = MAX_CHILDREN, weight: float | None = None
+    ) -> np.ndarray:
         """rate[i] over all depths, each rank pulled towards `prior[i]` (default: 1 / (3 (i + 1))) with the
         weight of `weight` tries (default PRIOR_STRENGTH)."""
         weight = PRIOR_STRENGTH if weight is None else weight
@@ -77,8 +78,13 @@ class RankAcceptance:
         tries[:cols], accepts[:cols] = self.tries.sum(0)[:cols], self.accepts.sum(0)[:cols]
         return (accepts + weight * means) / (tries + weight)
 
-    def rates(self, depth: int, prior: list[float] | list[list[float]] | None = None, ranks: int = MAX_CHILDREN,
-              weight: float | None = None) -> np.ndarray:
+    def rates(
+        self,
+        depth: int,
+        prior: list[float] | list[list[float]] | None = None,
+        ranks: int = MAX_CHILDREN,
+        weight: float | None = None,
+    ) -> np.ndarray:
         """rate[d][i] for depths 1..depth. Without a prior, or with one row for every depth, each depth's counts
         are pulled towards the rate pooled over depths (itself pulled towards the prior, or 1 / (3 (i + 1))). A
         prior by depth (rows, the last for every deeper level: what `multispec tune` measured at each depth)
@@ -108,8 +114,11 @@ class RankAcceptance:
         """For stats: counts and the measured rates (None where nothing was tried)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             rates = np.where(self.tries > 0, self.accepts / np.maximum(self.tries, 1), np.nan)
-        return {"tries": self.tries.astype(int).tolist(), "accepts": self.accepts.astype(int).tolist(),
-                "rates": [[None if np.isnan(x) else round(float(x), 4) for x in row] for row in rates]}
+        return {
+            "tries": self.tries.astype(int).tolist(),
+            "accepts": self.accepts.astype(int).tolist(),
+            "rates": [[None if np.isnan(x) else round(float(x), 4) for x in row] for row in rates],
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> RankAcceptance:
@@ -119,8 +128,15 @@ class RankAcceptance:
         return cls(tries, accepts)
 
 
-def record_verdict(ranks: dict[str, RankAcceptance], key: str, tree: TokenTree, accepted: tuple[int, ...],
-                   rejected: bool, live=None, fixed=None) -> None:
+def record_verdict(
+    ranks: dict[str, RankAcceptance],
+    key: str,
+    tree: TokenTree,
+    accepted: tuple[int, ...],
+    rejected: bool,
+    live=None,
+    fixed=None,
+) -> None:
     """Count one tree verification by sibling rank: walking down the accepted path, each parent's children were
     tried in order (fixed, copied children first, counted under "copy") up to the accepted one, or all of them
     after a rejection. Padding children (`live` False) are never tried."""
@@ -212,16 +228,16 @@ class TreeTable:
             windows = np.lib.stride_tricks.sliding_window_view(padded, size, axis=1)[:, :, ::-1]  # [A, m, a]
             for i in range(ranks - 1, -1, -1):
                 # gain[a]: a child of rank i with a subtree of a nodes (0 * -inf would be nan)
-                gain = np.where(finite, rows[:, i: i + 1] * base, -np.inf)
+                gain = np.where(finite, rows[:, i : i + 1] * base, -np.inf)
                 gain[:, 0] = -np.inf
                 total = gain[:, None, :] + windows  # [A, m, a]
                 pick = total.argmax(2)  # [A, m]
                 new = np.take_along_axis(total, pick[:, :, None], 2)[:, :, 0]
                 new[:, 0] = 0.0
-                padded[:, size - 1:] = new
+                padded[:, size - 1 :] = new
                 self._picks[active - 1, level, i] = pick
             best[step:, 0] = -np.inf
-            best[step:, 1:] = 1.0 + padded[:, size - 1: 2 * size - 2]
+            best[step:, 1:] = 1.0 + padded[:, size - 1 : 2 * size - 2]
         self.values = np.full((max_depth + 1, max_nodes + 1), -np.inf)  # values[D][n]
         self.values[:, 0] = 1.0
         self.values[1:, :] = best[:, 1:]  # n drafted nodes: the root plus n
@@ -290,8 +306,15 @@ class TreeChoice:
         return self.tokens / self.seconds
 
 
-def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
-                      overhead: float, pending: int = 1, catch_up: int = 1) -> float:
+def iteration_seconds(
+    widths,
+    target_cost: ForwardCost,
+    draft_cost: ForwardCost | None,
+    context: int,
+    overhead: float,
+    pending: int = 1,
+    catch_up: int = 1,
+) -> float:
     """Predicted seconds of one tree iteration: the target over `pending` + every node, the draft over
     `catch_up` committed tokens and then each level but the deepest, and `overhead` (sampling, verifying,
     committing: measured)."""
@@ -302,12 +325,23 @@ def iteration_seconds(widths, target_cost: ForwardCost, draft_cost: ForwardCost 
     return seconds
 
 
-def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: ForwardCost | None, context: int,
-                 overhead: float = 0.0, max_depth: int | None = None, pending: int = 1, per_node: float = 0.0,
-                 plain_cost: ForwardCost | None = None, chain_cost: ForwardCost | None = None,
-                 chain_draft_cost: ForwardCost | None = None, plain_overhead: float | None = None,
-                 chain_overhead: tuple[float, float] | None = None, switch: float = 0.0,
-                 margin: float = 0.0) -> TreeChoice:
+def fastest_tree(
+    table: TreeTable,
+    target_cost: ForwardCost,
+    draft_cost: ForwardCost | None,
+    context: int,
+    overhead: float = 0.0,
+    max_depth: int | None = None,
+    pending: int = 1,
+    per_node: float = 0.0,
+    plain_cost: ForwardCost | None = None,
+    chain_cost: ForwardCost | None = None,
+    chain_draft_cost: ForwardCost | None = None,
+    plain_overhead: float | None = None,
+    chain_overhead: tuple[float, float] | None = None,
+    switch: float = 0.0,
+    margin: float = 0.0,
+) -> TreeChoice:
     """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
     Each kind of iteration is priced as it runs: a tree by `target_cost` and `draft_cost`, with per-iteration
     work `overhead` + `per_node` x nodes; a chain (one child per node, which the engine scores without a mask)
@@ -329,17 +363,26 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
     sizes = np.arange(table.max_nodes + 1)
     work = overhead + per_node * sizes
     forward = target_cost.curve(pending + table.max_nodes, context)[pending:] + work
-    chained = (forward if chain_cost is target_cost and chain_overhead == (overhead, per_node)
-               else chain_cost.curve(pending + table.max_nodes, context)[pending:]
-               + chain_overhead[0] + chain_overhead[1] * sizes)
+    chained = (
+        forward
+        if chain_cost is target_cost and chain_overhead == (overhead, per_node)
+        else chain_cost.curve(pending + table.max_nodes, context)[pending:]
+        + chain_overhead[0]
+        + chain_overhead[1] * sizes
+    )
     drafting = draft_cost.curve(table.max_nodes, context).tolist() if draft_cost else None
-    chain_drafting = (drafting if chain_draft_cost is draft_cost
-                      else chain_draft_cost.curve(1, context).tolist() if chain_draft_cost else None)
+    chain_drafting = (
+        drafting
+        if chain_draft_cost is draft_cost
+        else chain_draft_cost.curve(1, context).tolist()
+        if chain_draft_cost
+        else None
+    )
     # tokens over the target's part alone bound a tree's speed from above (a chain's over the cheaper of the
     # two forwards): visit trees from the highest bound down and stop below the best found (depth limits,
     # then sizes, in order among equal bounds)
     with np.errstate(invalid="ignore", divide="ignore"):
-        bound = table.values[1: top + 1, 1:] / np.minimum(forward, chained)[None, 1:]  # [depth - 1, n - 1]
+        bound = table.values[1 : top + 1, 1:] / np.minimum(forward, chained)[None, 1:]  # [depth - 1, n - 1]
     bound = np.where(np.isfinite(bound), bound, -np.inf).ravel()
     for flat in np.argsort(-bound, kind="stable"):
         if bound[flat] < best.tokens_per_second:
@@ -358,8 +401,9 @@ def fastest_tree(table: TreeTable, target_cost: ForwardCost, draft_cost: Forward
         seconds += switch * tokens
         speed = tokens / seconds
         # among equal speeds: no tree, then the smallest depth limit and size
-        if speed > best.tokens_per_second or (speed == best.tokens_per_second and best.nodes
-                                              and (depth, n) < (best.depth, best.nodes)):
+        if speed > best.tokens_per_second or (
+            speed == best.tokens_per_second and best.nodes and (depth, n) < (best.depth, best.nodes)
+        ):
             best = TreeChoice(n, depth, tokens, seconds, widths)
     return best if best.nodes else plain
 
@@ -385,29 +429,43 @@ def value_bound(reach: np.ndarray, max_nodes: int, max_depth: int) -> np.ndarray
     return out
 
 
-def search_tree(rates: np.ndarray, max_nodes: int, max_depth: int, target_cost: ForwardCost,
-                draft_cost: ForwardCost | None, context: int, overhead: float = 0.0, pending: int = 1,
-                per_node: float = 0.0, first: int = 16, **prices) -> tuple[TreeChoice, TreeTable]:
+def search_tree(
+    rates: np.ndarray,
+    max_nodes: int,
+    max_depth: int,
+    target_cost: ForwardCost,
+    draft_cost: ForwardCost | None,
+    context: int,
+    overhead: float = 0.0,
+    pending: int = 1,
+    per_node: float = 0.0,
+    first: int = 16,
+    **prices,
+) -> tuple[TreeChoice, TreeTable]:
     """`fastest_tree` over the optimal trees of up to `max_nodes` nodes (its pricing arguments pass through),
     and the table it chose from. The table's programme costs the square of its budget, and the fastest tree
     is usually small: the trees of up to `first` nodes are searched first, and the whole budget only where
     `value_bound` over the cheapest forward says that a larger tree could be faster."""
     small = min(first, max_nodes)
     table = table_for(rates, small, max_depth)
-    choice = fastest_tree(table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node,
-                          **prices)
+    choice = fastest_tree(
+        table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node, **prices
+    )
     if small == max_nodes:
         return choice, table
     sizes = np.arange(small + 1, max_nodes + 1)
     forward = target_cost.curve(pending + max_nodes, context)[pending + sizes] + overhead + per_node * sizes
     chain_work = prices.get("chain_overhead") or (overhead, per_node)
     # a chain may run on a cheaper curve, with less work
-    chained = ((prices.get("chain_cost") or target_cost).curve(pending + max_nodes, context)[pending + sizes]
-               + chain_work[0] + chain_work[1] * sizes)
+    chained = (
+        (prices.get("chain_cost") or target_cost).curve(pending + max_nodes, context)[pending + sizes]
+        + chain_work[0]
+        + chain_work[1] * sizes
+    )
     bound = value_bound(reach_of(rates), max_nodes, max_depth)[sizes] / np.minimum(forward, chained)
     if bound.max() < choice.tokens_per_second:  # no larger tree can be as fast
         return choice, table
     table = table_for(rates, max_nodes, max_depth)
-    return fastest_tree(table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node,
-                        **prices), table
-
+    return fastest_tree(
+        table, target_cost, draft_cost, context, overhead, pending=pending, per_node=per_node, **prices
+    ), table

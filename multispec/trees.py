@@ -88,8 +88,13 @@ class TokenTree:
                 depth[g] = depth[parent] + 1
             kids[1 + parent].append(g)
         is_chain = parents == list(range(-1, n - 1))
-        return cls(torch.tensor(parents, dtype=torch.long), torch.from_numpy(depth), torch.from_numpy(visible),
-                   is_chain, tuple(tuple(k) for k in kids))
+        return cls(
+            torch.tensor(parents, dtype=torch.long),
+            torch.from_numpy(depth),
+            torch.from_numpy(visible),
+            is_chain,
+            tuple(tuple(k) for k in kids),
+        )
 
     @classmethod
     def chain(cls, n: int) -> TokenTree:
@@ -111,8 +116,10 @@ class TokenTree:
                 break
         if total > MAX_TREE_NODES:
             shown = "x".join(map(str, branching[:16])) + ("x..." if len(branching) > 16 else "")
-            raise ValueError(f"the k-config {shown} has {'more than ' if len(branching) > 16 else ''}{total} nodes, "
-                             f"above the limit of {MAX_TREE_NODES}")
+            raise ValueError(
+                f"the k-config {shown} has {'more than ' if len(branching) > 16 else ''}{total} nodes, "
+                f"above the limit of {MAX_TREE_NODES}"
+            )
         return _full_tree(branching)
 
     @classmethod
@@ -195,8 +202,11 @@ class TokenTree:
             if [c for g in parents for c in self.children(g)] != list(range(level.start, level.stop)):
                 raise ValueError("a drafted tree must be laid out breadth first (TokenTree.canonical)")
             k = max(counts)
-            index = None if min(counts) == k else torch.tensor(
-                [p * k + j for p, c in enumerate(counts) for j in range(c)], device=device)
+            index = (
+                None
+                if min(counts) == k
+                else torch.tensor([p * k + j for p, c in enumerate(counts) for j in range(c)], device=device)
+            )
             self._draws[key] = (k, index)
         return self._draws[key]
 
@@ -277,8 +287,9 @@ def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
     try:
         ks = tuple(int(k) for k in items)
     except (TypeError, ValueError):
-        raise ValueError("k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got "
-                         f"{_short(text)}") from None
+        raise ValueError(
+            f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {_short(text)}"
+        ) from None
     if not ks or any(k < 1 for k in ks):
         raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {_short(text)}")
     TokenTree.from_branching(ks)  # the node limit

@@ -96,7 +96,7 @@ class LazyRows:
 def argmax(t: torch.Tensor) -> torch.Tensor:
     """`t.argmax(-1)`: the first maximum of each row (a NaN counts as the maximum), as long. On a CPU, numpy's
     argmax for float32 / float64 rows: torch's CPU argmax scans a row one entry at a time, numpy's is
-    vectorised (benchmarks/results/iteration-work-s32-cpu-2core)."""
+    vectorised (measured with benchmarks/iteration_work.py)."""
     if t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float64) or t.dim() == 0 or t.requires_grad:
         return t.argmax(-1)
     return torch.from_numpy(np.asarray(t.numpy().argmax(-1), dtype=np.int64))
@@ -110,9 +110,13 @@ def largest(t: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest entries of each row of `t` [..., V], largest first (ties: the lower index first; a NaN
     counts as the largest): (values, indices [..., k] long), as `torch.topk(t, k)`. On a CPU, for float rows
     and small k, k vectorised argmax passes over the rows: several times faster than torch's CPU topk over a
-    large vocabulary (benchmarks/results/iteration-work-s32-cpu-2core)."""
-    if (t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float64) or t.requires_grad
-            or not 0 < k <= min(LARGEST_BY_ARGMAX, t.shape[-1])):
+    large vocabulary (measured with benchmarks/iteration_work.py)."""
+    if (
+        t.device.type != "cpu"
+        or t.dtype not in (torch.float32, torch.float64)
+        or t.requires_grad
+        or not 0 < k <= min(LARGEST_BY_ARGMAX, t.shape[-1])
+    ):
         return torch.topk(t, k, dim=-1)
     rows = t.numpy().reshape(-1, t.shape[-1])
     work = rows.copy() if k > 1 else rows
@@ -140,7 +144,9 @@ def one_hot(token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return rows.scatter_(-1, token.unsqueeze(-1), 1.0)
 
 
-def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None) -> torch.Tensor:
+def categorical(
+    probs: torch.Tensor, generator: torch.Generator | None = None, samples: int | None = None
+) -> torch.Tensor:
     """One draw per row of `probs` [..., V] (weights, need not sum to 1), by inverting the cumulative sum at
     a uniform: the law of `torch.multinomial(probs, 1)`, for one uniform per row instead of one random number
     per vocabulary entry (13x faster for one draw over 49k tokens here). A zero-weight token is never drawn.
@@ -152,8 +158,9 @@ def categorical(probs: torch.Tensor, generator: torch.Generator | None = None, s
     total = cdf.narrow(-1, rows.shape[-1] - 1, 1)
     if not all(math.isfinite(t) and t > 0 for t in total.view(-1).tolist()):
         raise ValueError("cannot draw from weights that are not finite or sum to zero")
-    point = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device,
-                       dtype=torch.float64).mul_(total)
+    point = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device, dtype=torch.float64).mul_(
+        total
+    )
     # right=True: the first token whose cumulative weight exceeds the point, which has weight > 0
     index = torch.searchsorted(cdf, point, right=True).clamp_max_(rows.shape[-1] - 1)
     if not bool(rows.gather(-1, index).gt(0).all()):  # u * total rounded up to the total: take the last token
@@ -171,8 +178,13 @@ NUMPY_ROWS = 8
 
 
 def _few_numpy_rows(rows: torch.Tensor) -> bool:
-    return (rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.float64) and not rows.requires_grad
-            and 0 < rows.shape[0] <= NUMPY_ROWS and rows.shape[-1] > 0)
+    return (
+        rows.device.type == "cpu"
+        and rows.dtype in (torch.float32, torch.float64)
+        and not rows.requires_grad
+        and 0 < rows.shape[0] <= NUMPY_ROWS
+        and rows.shape[-1] > 0
+    )
 
 
 def sequential_draws(weights: torch.Tensor, k: int, generator: torch.Generator | None = None):
@@ -223,8 +235,9 @@ def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator 
                 columns[r, j] = _invert(held[r], cdf[r], uniform[r] * total[r])
                 continue
             drawn = columns[r, :j]
-            index = _past_drawn(partial(_invert, held[r], cdf[r]), uniform[r] * (total[r] - taken[r]), drawn,
-                                held[r, drawn])
+            index = _past_drawn(
+                partial(_invert, held[r], cdf[r]), uniform[r] * (total[r] - taken[r]), drawn, held[r, drawn]
+            )
             if (drawn == index).any():  # a rounding boundary: draw from the row as left
                 left = held[r].copy()
                 left[drawn] = 0.0
@@ -235,8 +248,9 @@ def _sequential_numpy(weights: torch.Tensor, k: int, generator: torch.Generator 
     return torch.from_numpy(columns), torch.from_numpy(alive)
 
 
-def draws_by_rows(rows: torch.Tensor, mass: torch.Tensor, k: int, generator: torch.Generator | None = None
-                  ) -> torch.Tensor:
+def draws_by_rows(
+    rows: torch.Tensor, mass: torch.Tensor, k: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """k flat indices b * V + v drawn one after another without replacement from the weights mass[b] * rows[b, v]
     (rows [B, V], CPU float; mass [B]), in draw order: `sequential_draws` on those weights flattened into one row,
     with the same uniforms, but with a cumulative sum only of the rows that draws land in, not of all B x V

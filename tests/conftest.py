@@ -20,9 +20,17 @@ def tiny_llama(vocab: int = 64, seed: int = 0, layers: int = 2, hidden: int = 32
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-        eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).float()
     # sharpen the random output so greedy choices are not near-ties
@@ -46,8 +54,20 @@ def default_pair_f32():
     return load_pair(dtype="float32")
 
 
-FAMILIES = ["Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma2", "Gemma3Text", "Phi3", "OPT", "GPT2", "GPTNeoX",
-            "Falcon"]
+FAMILIES = [
+    "Llama",
+    "Mistral",
+    "Qwen2",
+    "Qwen3",
+    "Gemma",
+    "Gemma2",
+    "Gemma3Text",
+    "Phi3",
+    "OPT",
+    "GPT2",
+    "GPTNeoX",
+    "Falcon",
+]
 
 
 def tiny_family(family: str, vocab: int = 64, seed: int = 0):
@@ -58,17 +78,29 @@ def tiny_family(family: str, vocab: int = 64, seed: int = 0):
     from multispec.models.hf import HFModel
 
     config_class = getattr(transformers, f"{family}Config")
-    model_class = getattr(transformers, "GPT2LMHeadModel" if family == "GPT2" else
-                          f"{family.removesuffix('Text')}ForCausalLM")
+    model_class = getattr(
+        transformers, "GPT2LMHeadModel" if family == "GPT2" else f"{family.removesuffix('Text')}ForCausalLM"
+    )
     size = {"vocab_size": vocab, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if family == "GPT2":
         size.update(n_embd=32, n_layer=2, n_head=4, n_positions=128)
     elif family == "OPT":
-        size.update(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32,
-                    max_position_embeddings=128)
+        size.update(
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+            max_position_embeddings=128,
+        )
     else:
-        size.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    max_position_embeddings=128)
+        size.update(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+        )
         if family not in ("GPTNeoX", "Falcon"):
             size["num_key_value_heads"] = 2
         if family.startswith(("Gemma", "Qwen3")):

@@ -79,7 +79,9 @@ def test_cli_mismatched_vocabularies_in_a_subprocess(tmp_path):
     model.model.save_pretrained(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "multispec.cli", "generate", "hello", "--draft", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 2, proc.stderr
     # on a fresh cache the target's one-time GGUF conversion shows its progress bar above the error
@@ -111,8 +113,9 @@ def test_a_draft_whose_tokenizer_maps_other_ids_is_refused_and_a_matching_one_ch
     assert len(out.token_ids) == 4
 
 
-@pytest.mark.parametrize("method,param", [("sd", "gamma"), ("beam", "width"), ("batch-sd", "drafts"),
-                                          ("bild", "max_unchecked")])
+@pytest.mark.parametrize(
+    "method,param", [("sd", "gamma"), ("beam", "width"), ("batch-sd", "drafts"), ("bild", "max_unchecked")]
+)
 def test_the_library_refuses_sizes_that_would_exhaust_memory(method, param):
     target = tiny_llama(seed=3)
     with pytest.raises(ValueError, match=rf"{param} must be an integer in \[1, \d+\]( or 'auto')?, got 10000000000"):

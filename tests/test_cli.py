@@ -7,8 +7,9 @@ import sys
 
 
 def run(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "multispec.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "multispec.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_generate_json_on_the_default_pair():
@@ -31,8 +32,19 @@ def test_generate_streams_text_and_prints_a_summary():
 
 
 def test_beam_from_the_cli():
-    proc = run("generate", "Name a colour.", "--method", "beam", "--width", "2", "--max-new-tokens", "6",
-               "--temperature", "0", "--json")
+    proc = run(
+        "generate",
+        "Name a colour.",
+        "--method",
+        "beam",
+        "--width",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["stats"]["new_tokens"] <= 6
 

@@ -50,8 +50,15 @@ def test_sd_opt_with_positive_eps_is_biased():
     assert not report.passed
 
 
-@pytest.mark.parametrize("method, params", [("sd", {"gamma": 2}), ("sd", {"gamma": 3, "confidence": 0.5}),
-                                            ("batch-sd", {"drafts": 3, "gamma": 2}), ("beam", {"width": 1})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("sd", {"gamma": 2}),
+        ("sd", {"gamma": 3, "confidence": 0.5}),
+        ("batch-sd", {"drafts": 3, "gamma": 2}),
+        ("beam", {"width": 1}),
+    ],
+)
 def test_exact_methods_pass_on_full_history_models(method, params):
     # HistoryLM reads its context through the mask and cache: tree and compaction mistakes change its law
     report = check_method(method, runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history", **params)
@@ -75,6 +82,7 @@ def test_a_wrong_tree_mask_fails_on_full_history_models(monkeypatch):
         return right(n_pending, n_cached, wrong)
 
     monkeypatch.setattr(engine, "_mask", other_chains_ancestors)
-    report = check_method("batch-sd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history",
-                          drafts=2, gamma=2)
+    report = check_method(
+        "batch-sd", runs=3000, pairs=1, vocab=3, n_tokens=3, seed=2, models="history", drafts=2, gamma=2
+    )
     assert not report.passed

@@ -16,8 +16,9 @@ from multispec.models.hf import HFModel
 from tests.conftest import tiny_llama
 
 
-@pytest.mark.parametrize("name, count, categories", [("mt-bench", 80, 8), ("spec-bench-dev", 100, 5),
-                                                     ("wmt-ende", 1000, 1)])
+@pytest.mark.parametrize(
+    "name, count, categories", [("mt-bench", 80, 8), ("spec-bench-dev", 100, 5), ("wmt-ende", 1000, 1)]
+)
 def test_prompt_sets_ship_with_the_package_and_load_by_name(name, count, categories):
     prompts = load_prompt_file(name)
     assert len(prompts) == count and len({p.category for p in prompts}) == categories
@@ -33,12 +34,15 @@ def test_prompt_sets_follow_multispec_data(tmp_path, monkeypatch):
 
 
 def test_help_is_quick_and_loads_no_torch():
-    code = ("import sys; from multispec.cli import build_parser; build_parser().format_help(); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from multispec.cli import build_parser; build_parser().format_help(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
-    help_text = subprocess.run([sys.executable, "-m", "multispec.cli", "--help"], capture_output=True, text=True,
-                               timeout=120).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "multispec.cli", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
     assert "train a draft." in " ".join(help_text.split())  # the description is whole
 
 

@@ -6,12 +6,35 @@ import grimp
 import pytest
 
 # the tools and entry points: they may use the core, never the other way round
-TOOLS = ("multispec.bench", "multispec.tune", "multispec.reproduce", "multispec.theory", "multispec.distill",
-         "multispec.check", "multispec.cli", "multispec.serve", "multispec.distill_args", "multispec.__main__")
+TOOLS = (
+    "multispec.bench",
+    "multispec.tune",
+    "multispec.reproduce",
+    "multispec.theory",
+    "multispec.distill",
+    "multispec.check",
+    "multispec.cli",
+    "multispec.serve",
+    "multispec.distill_args",
+    "multispec.__main__",
+)
 # the library core: what `generate()` and `load_pair()` need
-CORE = ("multispec.api", "multispec.engine", "multispec.decoding", "multispec.drafting", "multispec.verify",
-        "multispec.models", "multispec.trees", "multispec.warp", "multispec.params", "multispec.machine",
-        "multispec.streaming", "multispec.likelihood", "multispec.tree_search", "multispec.console")
+CORE = (
+    "multispec.api",
+    "multispec.engine",
+    "multispec.decoding",
+    "multispec.drafting",
+    "multispec.verify",
+    "multispec.models",
+    "multispec.trees",
+    "multispec.warp",
+    "multispec.params",
+    "multispec.machine",
+    "multispec.streaming",
+    "multispec.likelihood",
+    "multispec.tree_search",
+    "multispec.console",
+)
 # what a verification rule may import: probability vectors, draws and trees, nothing that holds a model
 VERIFY_MAY_IMPORT = ("multispec.verify", "multispec.warp", "multispec.trees")
 

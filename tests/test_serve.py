@@ -50,8 +50,11 @@ class Running:
 
     def metric(self, name: str) -> float:
         _, text = self.request("GET", "/metrics")
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + " ") or line.startswith(name + "{"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + " ") or line.startswith(name + "{")
+        )
 
     def stop(self):
         self.uvicorn.should_exit = True
@@ -81,19 +84,28 @@ def test_chat_streamed_equals_multispec_generate(server, capsys):
 
     client = server.client()
     stream = client.chat.completions.create(
-        model="multispec", messages=[{"role": "user", "content": PROMPT}], max_tokens=24, seed=7, stream=True,
-        extra_body={"method": "sd:gamma=3"})
+        model="multispec",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=24,
+        seed=7,
+        stream=True,
+        extra_body={"method": "sd:gamma=3"},
+    )
     text, last = streamed(stream)
     assert last.choices[0].finish_reason in ("stop", "length")
     spec = last.spec_decode  # the per-request speculation metrics, under vLLM's names
     assert 1 <= spec["num_drafts"] <= spec["num_draft_tokens"] <= 3 * spec["num_drafts"]
     assert spec["num_accepted_tokens"] == sum(spec["num_accepted_tokens_per_pos"])
-    assert main(["generate", PROMPT, "--method", "sd:gamma=3", "--seed", "7", "--max-new-tokens", "24",
-                 "--json"]) == 0
+    assert main(["generate", PROMPT, "--method", "sd:gamma=3", "--seed", "7", "--max-new-tokens", "24", "--json"]) == 0
     expected = json.loads(capsys.readouterr().out)["text"]
     assert text == expected and text
-    whole = client.chat.completions.create(model="multispec", messages=[{"role": "user", "content": PROMPT}],
-                                           max_tokens=24, seed=7, extra_body={"method": "sd:gamma=3"})
+    whole = client.chat.completions.create(
+        model="multispec",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=24,
+        seed=7,
+        extra_body={"method": "sd:gamma=3"},
+    )
     assert whole.choices[0].message.content == expected
     assert whole.choices[0].finish_reason == last.choices[0].finish_reason and whole.usage.completion_tokens >= 1
 
@@ -101,22 +113,38 @@ def test_chat_streamed_equals_multispec_generate(server, capsys):
 def test_completions_stop_strings_method_parameters_and_metrics(server):
     client = server.client()
     drafts_before = server.metric("vllm:spec_decode_num_drafts_total")
-    free = client.completions.create(model="multispec", prompt="The three primary colours are", max_tokens=24,
-                                     temperature=0, extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}})
+    free = client.completions.create(
+        model="multispec",
+        prompt="The three primary colours are",
+        max_tokens=24,
+        temperature=0,
+        extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}},
+    )
     text = free.choices[0].text
     assert free.method == "mcsd" and free.spec_decode["num_drafts"] >= 1
     words = text.split()
     assert len(words) >= 4, text
     stop = " " + words[2]
-    stopped = client.completions.create(model="multispec", prompt="The three primary colours are", max_tokens=24,
-                                        temperature=0, stop=[stop, "no such text"],
-                                        extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}})
+    stopped = client.completions.create(
+        model="multispec",
+        prompt="The three primary colours are",
+        max_tokens=24,
+        temperature=0,
+        stop=[stop, "no such text"],
+        extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}},
+    )
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == text[: text.find(stop)]
     # streamed with the same stop: the held-back tail never leaks a part of the stop string
-    stream = client.completions.create(model="multispec", prompt="The three primary colours are", max_tokens=24,
-                                       temperature=0, stop=stop, stream=True,
-                                       extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}})
+    stream = client.completions.create(
+        model="multispec",
+        prompt="The three primary colours are",
+        max_tokens=24,
+        temperature=0,
+        stop=stop,
+        stream=True,
+        extra_body={"method": "mcsd", "method_params": {"k_config": "2x2"}},
+    )
     assert streamed(stream)[0] == stopped.choices[0].text
     drafts = free.spec_decode["num_drafts"] + stopped.spec_decode["num_drafts"]
     assert server.metric("vllm:spec_decode_num_drafts_total") >= drafts_before + drafts
@@ -129,34 +157,48 @@ def test_completions_stop_strings_method_parameters_and_metrics(server):
 LONG = "word " * 9000  # more tokens than the default target's context of 8192
 
 
-@pytest.mark.parametrize("path,body,status,needle", [
-    ("/v1/completions", b"{not json", 400, "not valid JSON"),
-    ("/v1/completions", b"[1, 2]", 400, "JSON object"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "nope"}, 400, "unknown method 'nope'"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "sd:gamma=-2"}, 400, "gamma"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "sd", "method_params": {"colour": 1}},
-     400, "colour"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "temperature": 3}, 400, "temperature"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 10**6}, 400, "limit"),
-    ("/v1/completions", {"model": "multispec", "prompt": LONG}, 400, "limit"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "n": 2}, 400, "'n'"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "seed": -1}, 400, "seed"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "logprobs": 3}, 400, "logprobs"),
-    ("/v1/completions", {"model": "multispec", "prompt": [99999999]}, 400, "vocabulary"),
-    ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "dsbd", "temperature": 0}, 400,
-     "temperature above 0"),
-    ("/v1/completions", {"model": "someone-else", "prompt": "hi"}, 404, "does not exist"),
-    ("/v1/completions", {"prompt": "hi"}, 400, "'model'"),
-    ("/v1/chat/completions", {"model": "multispec", "messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"model": "multispec", "messages": [{"role": "wizard", "content": "hi"}]}, 400,
-     "role"),
-    ("/v1/chat/completions", {"model": "multispec", "messages": [{"role": "user", "content": LONG}]}, 400,
-     "limit"),
-    ("/v1/embeddings", {"model": "multispec", "input": "hi"}, 404, "no route"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,needle",
+    [
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", b"[1, 2]", 400, "JSON object"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "nope"}, 400, "unknown method 'nope'"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "method": "sd:gamma=-2"}, 400, "gamma"),
+        (
+            "/v1/completions",
+            {"model": "multispec", "prompt": "hi", "method": "sd", "method_params": {"colour": 1}},
+            400,
+            "colour",
+        ),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "temperature": 3}, 400, "temperature"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "max_tokens": 10**6}, 400, "limit"),
+        ("/v1/completions", {"model": "multispec", "prompt": LONG}, 400, "limit"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "n": 2}, 400, "'n'"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "seed": -1}, 400, "seed"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ("/v1/completions", {"model": "multispec", "prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+        ("/v1/completions", {"model": "multispec", "prompt": [99999999]}, 400, "vocabulary"),
+        (
+            "/v1/completions",
+            {"model": "multispec", "prompt": "hi", "method": "dsbd", "temperature": 0},
+            400,
+            "temperature above 0",
+        ),
+        ("/v1/completions", {"model": "someone-else", "prompt": "hi"}, 404, "does not exist"),
+        ("/v1/completions", {"prompt": "hi"}, 400, "'model'"),
+        ("/v1/chat/completions", {"model": "multispec", "messages": []}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "multispec", "messages": [{"role": "wizard", "content": "hi"}]},
+            400,
+            "role",
+        ),
+        ("/v1/chat/completions", {"model": "multispec", "messages": [{"role": "user", "content": LONG}]}, 400, "limit"),
+        ("/v1/embeddings", {"model": "multispec", "input": "hi"}, 404, "no route"),
+    ],
+)
 def test_bad_requests_get_a_clear_4xx(server, path, body, status, needle):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     got, text = server.request("POST", path, raw)
@@ -177,8 +219,14 @@ def test_full_queue_answers_429_and_a_client_leaving_cancels_its_generation(defa
     small = Running(default_pair, max_queue=0)  # the shared server is idle meanwhile: one generation at a time
     try:
         client = small.client()
-        stream = client.completions.create(model="multispec", prompt="Count to a thousand:", max_tokens=1000,
-                                           temperature=1, stream=True, extra_body={"method": "ar"})
+        stream = client.completions.create(
+            model="multispec",
+            prompt="Count to a thousand:",
+            max_tokens=1000,
+            temperature=1,
+            stream=True,
+            extra_body={"method": "ar"},
+        )
         next(iter(stream))  # the generation is running
         with pytest.raises(openai.RateLimitError, match="busy"):
             client.completions.create(model="multispec", prompt="hi", max_tokens=4, extra_body={"method": "ar"})
@@ -207,9 +255,14 @@ def test_load_8_streaming_clients_x_4_requests(server):
             for r in range(per_client):
                 t0 = time.perf_counter()
                 stream = client.chat.completions.create(
-                    model="multispec", messages=[{"role": "user", "content": f"Say a word about the number {r}."}],
-                    max_tokens=6, seed=100 * c + r, stream=True, stream_options={"include_usage": True},
-                    extra_body={"method": "sd:gamma=2"})
+                    model="multispec",
+                    messages=[{"role": "user", "content": f"Say a word about the number {r}."}],
+                    max_tokens=6,
+                    seed=100 * c + r,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"method": "sd:gamma=2"},
+                )
                 parts, finish, usage = [], None, None
                 for chunk in stream:
                     if chunk.choices:
@@ -248,8 +301,9 @@ def test_a_failure_inside_generation_is_a_500_without_traceback(server, monkeypa
     got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
     assert got == 500 and json.loads(text)["error"]["message"] == "internal error (RuntimeError)"
     assert "secret" not in text and "Traceback" not in text
-    got, text = server.request("POST", "/v1/completions",
-                               json.dumps({"model": "multispec", "prompt": "hi", "stream": True}).encode())
+    got, text = server.request(
+        "POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi", "stream": True}).encode()
+    )
     assert got == 200 and "internal error (RuntimeError)" in text and "secret" not in text
 
 
@@ -277,6 +331,7 @@ def test_a_value_error_inside_generation_is_a_500_that_names_only_its_type(serve
 
 # -- hostile requests: the cases the fuzz (test_serve_fuzz.py) found or was built for ----------------------------
 
+
 def _fifo_and_marker(tmp_path):
     marker = "MARKER-in-a-file-on-disk"
     tree_file = tmp_path / "tree.json"
@@ -298,30 +353,44 @@ def test_a_request_never_names_a_file(server, tmp_path):
             assert "file paths are not accepted" in error["message"] and error["param"] == "method"
             messages.add(error["message"])
     assert len(messages) == 1  # the same answer whether the file exists, is readable, or is a pipe
-    got, text = server.request("POST", "/v1/completions", json.dumps(
-        {"model": "multispec", "prompt": "hi", "max_tokens": 3, "temperature": 0, "method": "mcsd",
-         "method_params": {"tree": [-1, -1, 0]}}).encode())
+    got, text = server.request(
+        "POST",
+        "/v1/completions",
+        json.dumps(
+            {
+                "model": "multispec",
+                "prompt": "hi",
+                "max_tokens": 3,
+                "temperature": 0,
+                "method": "mcsd",
+                "method_params": {"tree": [-1, -1, 0]},
+            }
+        ).encode(),
+    )
     assert got == 200 and json.loads(text)["spec_decode"]["num_drafts"] >= 1  # a tree inline is taken
 
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    ({"method": "sd:gamma=10000000000"}, 400, "gamma"),  # it built a tuple of gamma elements: memory exhausted
-    ({"method": "beam", "method_params": {"width": 100000}}, 400, "width must be an integer in [1, 64]"),
-    ({"method": "dsbd", "method_params": {"draft_width": 9, "beam_width": 9}}, 400, "limit of 8 (rows)"),
-    ({"method": "mcsd", "method_params": {"k_config": "8x8"}}, 400, "72 nodes, above this server's limit of 64"),
-    ({"method": "mcsd", "method_params": {"k_config": "1x" * 5000 + "1"}}, 400, "k_config"),
-    ({"method": "batch-sd:drafts=8,gamma=16"}, 400, "128 nodes"),
-    ({"method": "mcsd:k_config=9x1,tree_attention=false"}, 400, "paths"),
-    ({"method": "sd", "method_params": {"gamma": 10**400}}, 400, "gamma"),
-    ({"method": "sd-opt", "method_params": {"eps": float("inf")}}, 400, "eps must be a finite number"),
-    ({"stop": ["x" * 129]}, 400, "'stop'"),
-    ({"max_tokens": 1025}, 400, "above this server's limit of 1024"),
-    ({"prompt": "word " * 5000}, 400, "above this server's limit of 4096"),
-    ({"top_k": 10**30, "method": "ar"}, 200, ""),  # keeps every token: off
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        ({"method": "sd:gamma=10000000000"}, 400, "gamma"),  # it built a tuple of gamma elements: memory exhausted
+        ({"method": "beam", "method_params": {"width": 100000}}, 400, "width must be an integer in [1, 64]"),
+        ({"method": "dsbd", "method_params": {"draft_width": 9, "beam_width": 9}}, 400, "limit of 8 (rows)"),
+        ({"method": "mcsd", "method_params": {"k_config": "8x8"}}, 400, "72 nodes, above this server's limit of 64"),
+        ({"method": "mcsd", "method_params": {"k_config": "1x" * 5000 + "1"}}, 400, "k_config"),
+        ({"method": "batch-sd:drafts=8,gamma=16"}, 400, "128 nodes"),
+        ({"method": "mcsd:k_config=9x1,tree_attention=false"}, 400, "paths"),
+        ({"method": "sd", "method_params": {"gamma": 10**400}}, 400, "gamma"),
+        ({"method": "sd-opt", "method_params": {"eps": float("inf")}}, 400, "eps must be a finite number"),
+        ({"stop": ["x" * 129]}, 400, "'stop'"),
+        ({"max_tokens": 1025}, 400, "above this server's limit of 1024"),
+        ({"prompt": "word " * 5000}, 400, "above this server's limit of 4096"),
+        ({"top_k": 10**30, "method": "ar"}, 200, ""),  # keeps every token: off
+    ],
+)
 def test_sizes_are_bounded_before_any_work(server, body, status, needle):
     request = {"model": "multispec", "prompt": "hi", "max_tokens": 2, **body}
     t0 = time.perf_counter()
@@ -332,13 +401,19 @@ def test_sizes_are_bounded_before_any_work(server, body, status, needle):
         assert needle in json.loads(text)["error"]["message"]
 
 
-@pytest.mark.parametrize("raw,status,needle", [
-    (DEEP, 400, "nested too deeply"),
-    (b'{"model": "multispec", "prompt": ' + b"9" * 6000 + b"}", 400, "not valid JSON"),
-    (b'{"model": "multispec", "prompt": "' + b"a" * (1 << 20) + b'"}', 413, "larger than the limit"),
-    (json.dumps({"model": "multispec", "messages": [{"role": "user", "content": "hi"}] * 300}).encode(), 400,
-     "300 messages"),
-])
+@pytest.mark.parametrize(
+    "raw,status,needle",
+    [
+        (DEEP, 400, "nested too deeply"),
+        (b'{"model": "multispec", "prompt": ' + b"9" * 6000 + b"}", 400, "not valid JSON"),
+        (b'{"model": "multispec", "prompt": "' + b"a" * (1 << 20) + b'"}', 413, "larger than the limit"),
+        (
+            json.dumps({"model": "multispec", "messages": [{"role": "user", "content": "hi"}] * 300}).encode(),
+            400,
+            "300 messages",
+        ),
+    ],
+)
 def test_malformed_and_oversized_bodies_are_refused(server, raw, status, needle):
     path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
     got, text = server.request("POST", path, raw)
@@ -349,11 +424,14 @@ def test_a_whole_response_is_cancelled_when_its_client_leaves(server):
     # tokens flow all the while: the disconnect was only looked for after half a second without one, so the
     # abandoned generation ran to max_tokens (minutes) and held the worker
     cancelled = server.metric("multispec_requests_cancelled_total")
-    body = json.dumps({"model": "multispec", "prompt": "Count to a thousand:", "max_tokens": 1000, "temperature": 1,
-                       "method": "ar"}).encode()
+    body = json.dumps(
+        {"model": "multispec", "prompt": "Count to a thousand:", "max_tokens": 1000, "temperature": 1, "method": "ar"}
+    ).encode()
     conn = socket.create_connection(("127.0.0.1", server.port))
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    conn.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     deadline = time.time() + 30
     while not json.loads(server.request("GET", "/health")[1])["waiting"]:
         assert time.time() < deadline

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 pytestmark = pytest.mark.slow
 
 _spec = importlib.util.spec_from_file_location(
-    "serve_fuzz", Path(__file__).resolve().parents[1] / "benchmarks" / "serve_fuzz.py")
+    "serve_fuzz", Path(__file__).resolve().parents[1] / "benchmarks" / "serve_fuzz.py"
+)
 serve_fuzz = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(serve_fuzz)
 
@@ -30,8 +31,7 @@ def fuzz():
         server.stop()
 
 
-@settings(max_examples=500, deadline=None, database=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=500, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(case=serve_fuzz.bodies(PLANTED.paths, 8))
 def test_hostile_requests_get_a_2xx_or_a_4xx_and_leave_the_server_well(fuzz, case):
     fuzz.send(*case)

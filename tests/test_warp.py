@@ -46,8 +46,13 @@ def test_half_precision_logits_give_float32_probs():
 
 @pytest.mark.parametrize(
     "kwargs, word",
-    [({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-     ({"top_k": -1}, "top_k"), ({"top_k": 1.5}, "top_k")],
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 1.5}, "top_k"),
+    ],
 )
 def test_bad_settings_name_the_value(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -166,8 +171,17 @@ def test_argmax_is_torchs_argmax_on_ties_nans_infinities_and_views():
     rows[2] = float("-inf")  # every entry -inf: index 0
     rows[3, 5] = float("inf")
     rows[3, 9] = float("inf")
-    for t in (rows, rows.float(), rows[:, :33], rows.float()[:, :33].T.contiguous().T, rows[2:, 1:], rows.half(),
-              rows.bfloat16(), rows[0], rows.float()[4]):
+    for t in (
+        rows,
+        rows.float(),
+        rows[:, :33],
+        rows.float()[:, :33].T.contiguous().T,
+        rows[2:, 1:],
+        rows.half(),
+        rows.bfloat16(),
+        rows[0],
+        rows.float()[4],
+    ):
         with torch.inference_mode():
             got = argmax(t)
         assert got.dtype == torch.long and torch.equal(got, t.argmax(-1)), t.dtype
@@ -207,8 +221,11 @@ def test_draws_without_replacement_from_few_rows_are_made_in_numpy_with_the_same
     def draws(numpy_rows: int):
         monkeypatch.setattr(warp, "NUMPY_ROWS", numpy_rows)
         g = torch.Generator().manual_seed(7)
-        return (*warp.sequential_draws(weights, 8, g), *warp.sequential_draws(weights.double()[:1], 3, g),
-                warp.categorical(weights[0], g))  # the generator's state after them: the same uniforms taken
+        return (
+            *warp.sequential_draws(weights, 8, g),
+            *warp.sequential_draws(weights.double()[:1], 3, g),
+            warp.categorical(weights[0], g),
+        )  # the generator's state after them: the same uniforms taken
 
     for ours, theirs in zip(draws(8), draws(0), strict=True):
         assert torch.equal(ours, theirs)

@@ -1,8 +1,8 @@
 """The evaluation harness: prompt sets, metrics, energy meters, the run loop and the report.
 
-    from multispec.bench import load_prompts, run_bench
-    summary = run_bench(pair.target, pair.draft, load_prompts(["prompts.jsonl"], limit=10),
-                        ["ar", "sd:gamma=4", "hf"], out="bench-out", temperatures=[0, 1])
+from multispec.bench import load_prompts, run_bench
+summary = run_bench(pair.target, pair.draft, load_prompts(["prompts.jsonl"], limit=10),
+                    ["ar", "sd:gamma=4", "hf"], out="bench-out", temperatures=[0, 1])
 """
 
 from __future__ import annotations
@@ -44,8 +44,28 @@ def preset_prompts(name: str) -> list[Prompt]:
 
 
 __all__ = [
-    "BASELINES", "PRESETS", "PROMPT_SETS", "Meter", "MethodSpec", "NVMLMeter", "Prompt", "RAPLMeter", "check_settings",
-    "data_dir", "default_methods", "prompt_file", "load_prompt_file", "load_prompts", "parse_method_spec", "pick_meter",
-    "plan", "prepare_out", "preset_prompts", "read_results", "run_bench", "select_prompts", "summarise",
+    "BASELINES",
+    "PRESETS",
+    "PROMPT_SETS",
+    "Meter",
+    "MethodSpec",
+    "NVMLMeter",
+    "Prompt",
+    "RAPLMeter",
+    "check_settings",
+    "data_dir",
+    "default_methods",
+    "prompt_file",
+    "load_prompt_file",
+    "load_prompts",
+    "parse_method_spec",
+    "pick_meter",
+    "plan",
+    "prepare_out",
+    "preset_prompts",
+    "read_results",
+    "run_bench",
+    "select_prompts",
+    "summarise",
     "write_report",
 ]

@@ -80,8 +80,9 @@ class NVMLMeter(Meter):
 
 def pick_meter(device: str = "cpu", rapl_root: str | Path = POWERCAP) -> Meter | None:
     """The first readable meter for where the models run (a GPU: NVML, then RAPL; a CPU: RAPL), or None."""
-    kinds = [NVMLMeter, lambda: RAPLMeter(rapl_root)] if str(device).startswith("cuda") else [
-        lambda: RAPLMeter(rapl_root)]
+    kinds = (
+        [NVMLMeter, lambda: RAPLMeter(rapl_root)] if str(device).startswith("cuda") else [lambda: RAPLMeter(rapl_root)]
+    )
     for make in kinds:
         try:
             return make()

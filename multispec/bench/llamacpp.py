@@ -14,8 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-INSTALL = ('pip install llama-cpp-python (it builds llama.cpp; on this project\'s CPUs: CMAKE_ARGS="-DGGML_NATIVE=OFF '
-           '-DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")')
+INSTALL = (
+    "pip install llama-cpp-python (it builds llama.cpp; on this project's CPUs: CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
+    '-DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")'
+)
 
 
 def available() -> bool:
@@ -40,8 +42,10 @@ def gguf_for(target, given: str | Path | None = None) -> Path:
 
     if getattr(target, "name", None) == TARGET_NAME:
         return gguf_path()
-    raise ValueError(f"the llama-cpp peer needs a GGUF file of the target {getattr(target, 'name', target)!r}: "
-                     "give it with --gguf FILE (run_bench(gguf=...))")
+    raise ValueError(
+        f"the llama-cpp peer needs a GGUF file of the target {getattr(target, 'name', target)!r}: "
+        "give it with --gguf FILE (run_bench(gguf=...))"
+    )
 
 
 class LlamaCppPeer:
@@ -53,8 +57,14 @@ class LlamaCppPeer:
 
         self.path = Path(path)
         # n_ctx=0: the model's trained context; one sequence, as our methods decode one prompt at a time
-        self.llama = Llama(model_path=str(self.path), n_ctx=0, n_threads=threads, n_threads_batch=threads,
-                           logits_all=False, verbose=False)
+        self.llama = Llama(
+            model_path=str(self.path),
+            n_ctx=0,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            verbose=False,
+        )
         self.name = f"llama.cpp on {self.path.name}"
         if target is not None:
             self._check_vocabulary(target)
@@ -62,14 +72,18 @@ class LlamaCppPeer:
     def _check_vocabulary(self, target) -> None:
         n = self.llama.n_vocab()
         if n != target.vocab_size:
-            raise ValueError(f"{self.path.name} has a vocabulary of {n} tokens, the target {target.vocab_size}: "
-                             "the llama-cpp peer needs a GGUF of the target itself")
+            raise ValueError(
+                f"{self.path.name} has a vocabulary of {n} tokens, the target {target.vocab_size}: "
+                "the llama-cpp peer needs a GGUF of the target itself"
+            )
         probe = "The quick brown fox, 42 times: naïve café."
         ours = target.encode(probe, chat=False)
         theirs = self.llama.tokenize(probe.encode("utf-8"), add_bos=False, special=False)
         if [t for t in ours if t not in target.stop_tokens] != list(theirs):
-            raise ValueError(f"{self.path.name} tokenises text differently from the target: the llama-cpp peer needs "
-                             "a GGUF of the target itself")
+            raise ValueError(
+                f"{self.path.name} tokenises text differently from the target: the llama-cpp peer needs "
+                "a GGUF of the target itself"
+            )
 
     def generate(self, ids: list[int], max_new_tokens: int, sampling, seed: int, stop_tokens) -> tuple[list[int], dict]:
         """Decode up to `max_new_tokens` after `ids` (prefill included in the time), stopping at a stop token.
@@ -105,5 +119,10 @@ class LlamaCppPeer:
             seconds = time.perf_counter() - t0
         finally:
             del llama.eval  # the class's method again
-        return tokens, {"seconds": seconds, "target_calls": calls, "draft_calls": 0, "acceptance_rate": None,
-                        "stopped": stopped}
+        return tokens, {
+            "seconds": seconds,
+            "target_calls": calls,
+            "draft_calls": 0,
+            "acceptance_rate": None,
+            "stopped": stopped,
+        }

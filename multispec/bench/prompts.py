@@ -43,8 +43,9 @@ def load_prompt_file(path: str | Path, categories: list[str] | None = None, limi
     return prompts[:limit] if limit is not None else prompts
 
 
-def load_prompts(paths: list[str | Path], categories: list[str] | None = None,
-                 limit: int | None = None, spread: bool = False) -> list[Prompt]:
+def load_prompts(
+    paths: list[str | Path], categories: list[str] | None = None, limit: int | None = None, spread: bool = False
+) -> list[Prompt]:
     """Several files, one after the other; `categories` filters all of them and `limit` applies to each
     file (so MT-Bench + WMT with limit 10 gives 10 of each); `spread`: see `select_prompts`."""
     if not paths:
@@ -61,8 +62,9 @@ def _round_robin(prompts: list[Prompt]) -> list[Prompt]:
     return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
 
 
-def select_prompts(groups: list[list[Prompt]], categories: list[str] | None = None,
-                   limit: int | None = None, spread: bool = False) -> list[Prompt]:
+def select_prompts(
+    groups: list[list[Prompt]], categories: list[str] | None = None, limit: int | None = None, spread: bool = False
+) -> list[Prompt]:
     """`categories` filters every group, then `limit` applies to each group; ids must be unique.
     With `spread`, a group's prompts are taken from its categories in turn (round robin, file order within
     a category), so a limit covers every category of a file whose categories come in blocks (MT-Bench)."""
@@ -104,8 +106,10 @@ def _jsonl(path: Path, text: str) -> list[Prompt]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"prompt file {path} line {n} is not valid JSON ({e.msg}); expected one object "
-                             "a line (Spec-Bench `turns` or plain `prompt`), or a JSON list of strings") from None
+            raise ValueError(
+                f"prompt file {path} line {n} is not valid JSON ({e.msg}); expected one object "
+                "a line (Spec-Bench `turns` or plain `prompt`), or a JSON list of strings"
+            ) from None
         if not isinstance(row, dict):
             raise ValueError(f"prompt file {path} line {n} is not a JSON object")
         where = f"prompt file {path} line {n}"
@@ -117,8 +121,11 @@ def _jsonl(path: Path, text: str) -> list[Prompt]:
         elif "prompt" in row:
             prompt, key = row["prompt"], row.get("id", row.get("question_id", len(out)))
             ok_text = isinstance(prompt, str) and prompt.strip()
-            ok_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                 for t in prompt)
+            ok_ids = (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            )
             if not (ok_text or ok_ids):
                 raise ValueError(f"{where}: 'prompt' must be a non-empty string or a list of token ids")
         else:

@@ -16,9 +16,20 @@ import numpy as np
 
 from . import metrics
 
-SPREAD_KEYS = ("tokens_per_second", "speedup", "block_efficiency", "acceptance_rate", "target_calls",
-               "draft_calls", "new_tokens", "seconds", "predicted_tokens_per_second", "decode_tokens_per_second",
-               "measured_over_predicted", "peak_memory_mb")
+SPREAD_KEYS = (
+    "tokens_per_second",
+    "speedup",
+    "block_efficiency",
+    "acceptance_rate",
+    "target_calls",
+    "draft_calls",
+    "new_tokens",
+    "seconds",
+    "predicted_tokens_per_second",
+    "decode_tokens_per_second",
+    "measured_over_predicted",
+    "peak_memory_mb",
+)
 
 
 def summarise(rows: list[dict], baseline: str, order: list[str] | None = None) -> dict:
@@ -37,8 +48,10 @@ def summarise(rows: list[dict], baseline: str, order: list[str] | None = None) -
         cats = list(dict.fromkeys(r["category"] for r in at_t))
         out[str(t)] = {
             "methods": {m: _stats([r for r in at_t if r["method"] == m]) for m in labels},
-            "categories": {c: {m: _stats([r for r in at_t if r["method"] == m and r["category"] == c])
-                               for m in labels} for c in cats},
+            "categories": {
+                c: {m: _stats([r for r in at_t if r["method"] == m and r["category"] == c]) for m in labels}
+                for c in cats
+            },
         }
     return out
 
@@ -50,8 +63,11 @@ def _ordered(labels: set[str], order: list[str] | None, baseline: str) -> list[s
 
 def _stats(rows: list[dict]) -> dict:
     ok = [r for r in rows if not r.get("error")]
-    s = {"prompts": len(ok), "errors": len(rows) - len(ok),
-         "first_error": next((r["error"] for r in rows if r.get("error")), None)}
+    s = {
+        "prompts": len(ok),
+        "errors": len(rows) - len(ok),
+        "first_error": next((r["error"] for r in rows if r.get("error")), None),
+    }
     for key in SPREAD_KEYS:
         s[key] = metrics.spread(r.get(key) for r in ok)
     logps = [r["mean_logprob"] for r in ok if r.get("mean_logprob") is not None]
@@ -76,8 +92,10 @@ def _stats(rows: list[dict]) -> dict:
 
 def write_report(out: str | Path, rows: list[dict], meta: dict) -> dict:
     out = Path(out)
-    summary = {"meta": {**meta, "python": platform.python_version(), "machine": platform.machine()},
-               "temperatures": summarise(rows, meta["baseline"], meta.get("methods"))}
+    summary = {
+        "meta": {**meta, "python": platform.python_version(), "machine": platform.machine()},
+        "temperatures": summarise(rows, meta["baseline"], meta.get("methods")),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     plots = plot(summary, out)
     (out / "report.md").write_text(markdown(summary, [p.name for p in plots]), encoding="utf-8")
@@ -85,6 +103,7 @@ def write_report(out: str | Path, rows: list[dict], meta: dict) -> dict:
 
 
 # -- markdown ------------------------------------------------------------------------------------
+
 
 def _num(x, digits=2) -> str:
     if x is None:
@@ -123,50 +142,78 @@ def markdown(summary: dict, plots: list[str]) -> str:
     models = m.get("models") or {}
     pair = " / ".join(f"{k}: {models.get(v, v)}" for k, v in (("target", st["target"]), ("draft", st["draft"])) if v)
     lines = [
-        "# multispec bench", "",
+        "# multispec bench",
+        "",
         f"- models: {pair}",
         f"- {m['prompts']} prompts, at most {st['max_new_tokens']} new tokens, top-k {st['top_k']}, top-p "
         f"{st['top_p']}, seed {st['seed']}, chat template {'on' if st['chat'] else 'off'}; one prompt at a time",
         f"- device {m['device']}, {m['threads']} torch threads, torch {m['torch']}, Python {m['python']}"
         + _load_note(m),
-        *([f"- spread over {m['processes']} processes"
-           + (" sharing the CPU: timings, speed-ups and energy are not comparable with a one-process run"
-              if m["device"].startswith("cpu") else "")] if (m.get("processes") or 1) > 1 else []),
-        f"- energy: {m['meter']}" if m["meter"] else
-        "- energy: **unavailable** (no readable energy counter: no NVML GPU, no readable RAPL powercap); "
+        *(
+            [
+                f"- spread over {m['processes']} processes"
+                + (
+                    " sharing the CPU: timings, speed-ups and energy are not comparable with a one-process run"
+                    if m["device"].startswith("cpu")
+                    else ""
+                )
+            ]
+            if (m.get("processes") or 1) > 1
+            else []
+        ),
+        f"- energy: {m['meter']}"
+        if m["meter"]
+        else "- energy: **unavailable** (no readable energy counter: no NVML GPU, no readable RAPL powercap); "
         "nothing is estimated",
         "",
     ]
     for t, data in summary["temperatures"].items():
         meths = data["methods"]
-        lines += [f"## Temperature {float(t):g}" + (" (greedy)" if float(t) == 0 else ""), "",
-                  "| method | " + " | ".join(h for h, _ in COLUMNS) + " |",
-                  "|---|" + "---|" * len(COLUMNS)]
+        lines += [
+            f"## Temperature {float(t):g}" + (" (greedy)" if float(t) == 0 else ""),
+            "",
+            "| method | " + " | ".join(h for h, _ in COLUMNS) + " |",
+            "|---|" + "---|" * len(COLUMNS),
+        ]
         lines += [f"| {name} | " + " | ".join(f(s, m) for _, f in COLUMNS) + " |" for name, s in meths.items()]
         cats = list(data["categories"])
         size = {c: max(s["prompts"] + s["errors"] for s in data["categories"][c].values()) for c in cats}
-        lines += ["", f"Speed-up against `{base}` by category (median (first quartile – third quartile) over "
-                  "prompts; n = prompts):", "",
-                  "| method | " + " | ".join(f"{c} (n={size[c]})" for c in cats) + f" | all (n={max(s['prompts'] + s['errors'] for s in meths.values())}) |",
-                  "|---|" + "---|" * (len(cats) + 1)]
+        lines += [
+            "",
+            f"Speed-up against `{base}` by category (median (first quartile – third quartile) over "
+            "prompts; n = prompts):",
+            "",
+            "| method | "
+            + " | ".join(f"{c} (n={size[c]})" for c in cats)
+            + f" | all (n={max(s['prompts'] + s['errors'] for s in meths.values())}) |",
+            "|---|" + "---|" * (len(cats) + 1),
+        ]
         for name in [n for n in meths if n != base]:
             cells = [_cell(data["categories"][c][name]["speedup"]) for c in cats]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {_cell(meths[name]['speedup'])} |")
         predicted = [n for n, s in meths.items() if s["predicted_tokens_per_second"]]
         if predicted:
-            lines += ["", "Draft-length controller (`gamma=auto`): its predicted decoding speed against the measured "
-                      "one (prefill excluded from both):", "",
-                      "| method | predicted tokens/s | measured tokens/s | measured / predicted |", "|---|---|---|---|"]
-            lines += [f"| {n} | {_cell(meths[n]['predicted_tokens_per_second'], 1)} | "
-                      f"{_cell(meths[n]['decode_tokens_per_second'], 1)} | {_cell(meths[n]['measured_over_predicted'])} |"
-                      for n in predicted]
+            lines += [
+                "",
+                "Draft-length controller (`gamma=auto`): its predicted decoding speed against the measured "
+                "one (prefill excluded from both):",
+                "",
+                "| method | predicted tokens/s | measured tokens/s | measured / predicted |",
+                "|---|---|---|---|",
+            ]
+            lines += [
+                f"| {n} | {_cell(meths[n]['predicted_tokens_per_second'], 1)} | "
+                f"{_cell(meths[n]['decode_tokens_per_second'], 1)} | {_cell(meths[n]['measured_over_predicted'])} |"
+                for n in predicted
+            ]
         lines += ["", *_verdicts(data, base), ""]
         errors = {n: s["first_error"] for n, s in meths.items() if s["errors"]}
         if errors:
             lines += ["Errors (first message per method; every failed row is in results.jsonl):", ""]
             lines += [f"- {n}: {meths[n]['errors']} failed — {e}" for n, e in errors.items()] + [""]
     lines += [
-        "## How to read this", "",
+        "## How to read this",
+        "",
         "- Cells are median (first quartile – third quartile) over prompts.",
         "- tokens/s = new tokens / wall time of one generate call, **prefill included**, for every method alike.",
         f"- speed-up = median over prompts of (tokens/s of the method / tokens/s of `{base}` on the same prompt "
@@ -176,8 +223,7 @@ def markdown(summary: dict, plots: list[str]) -> str:
         "comparison and the one the verdicts use.",
         "- block efficiency = new tokens / target forward calls (prefill counted as one call); for `hf` and "
         "`hf-assisted` the calls are counted with a forward hook on transformers' model.",
-        "- acceptance = accepted draft tokens / drafted tokens, from the method's own counters (not available "
-        "for hf).",
+        "- acceptance = accepted draft tokens / drafted tokens, from the method's own counters (not available for hf).",
         "- PPL = exp(−mean over prompts of the mean log p(token | prefix)) of the generated tokens (EOS "
         "included) under the unwarped target; lower means the target finds the output more likely.",
         "- ROUGE-L (F, rouge-score) and exact match (lower-cased, no punctuation or articles) are means over "
@@ -188,7 +234,9 @@ def markdown(summary: dict, plots: list[str]) -> str:
         "activations are.",
         "- J/token = energy counter difference over the generations / their new tokens; the counters cover "
         "the whole device, so other work on it is counted too.",
-        "", *[f"![{p}]({p})" for p in plots], "",
+        "",
+        *[f"![{p}]({p})" for p in plots],
+        "",
     ]
     return "\n".join(lines)
 
@@ -218,8 +266,11 @@ def _verdicts(data: dict, base: str) -> list[str]:
         v = {n: x for n, x in v.items() if x is not None}
         if v:
             w = max(v, key=v.get)
-            per_cat.append(f"{c}: `{w}` ({v[w]:.2f}×)" if v[w] > 1 else
-                           f"{c}: none faster than `{base}` (closest `{w}`, {v[w]:.2f}×)")
+            per_cat.append(
+                f"{c}: `{w}` ({v[w]:.2f}×)"
+                if v[w] > 1
+                else f"{c}: none faster than `{base}` (closest `{w}`, {v[w]:.2f}×)"
+            )
     if per_cat:
         out.append("Fastest per category (median per-prompt speed-up): " + "; ".join(per_cat) + ".")
     ppl = {n: s["perplexity"] for n, s in meths.items() if s["perplexity"] is not None}
@@ -228,12 +279,15 @@ def _verdicts(data: dict, base: str) -> list[str]:
         if ppl[hi] <= 1.01 * ppl[lo]:
             out.append(f"Perplexity is the same within 1 % for every method ({ppl[lo]:.2f}).")
         else:
-            out.append(f"Lowest perplexity: `{lo}` ({ppl[lo]:.2f}); highest: `{hi}` ({ppl[hi]:.2f}); "
-                       f"`{base}`: {_num(ppl.get(base))}.")
+            out.append(
+                f"Lowest perplexity: `{lo}` ({ppl[lo]:.2f}); highest: `{hi}` ({ppl[hi]:.2f}); "
+                f"`{base}`: {_num(ppl.get(base))}."
+            )
     return out
 
 
 # -- plots ---------------------------------------------------------------------------------------
+
 
 def plot(summary: dict, out: Path) -> list[Path]:
     """speedup.png (per method and category, one panel per temperature) and quality_speed.png."""
@@ -252,17 +306,18 @@ def plot(summary: dict, out: Path) -> list[Path]:
             sp = [(data["categories"][g][n] if g != "all" else data["methods"][n])["speedup"] for g in groups]
             med = np.array([v["median"] if v else np.nan for v in sp])
             # quartiles of fewer than two prompts say nothing: no error bar there
-            err = np.array([[v["median"] - v["q1"], v["q3"] - v["median"]] if v and v["n"] > 1 else [np.nan] * 2
-                            for v in sp]).T
+            err = np.array(
+                [[v["median"] - v["q1"], v["q3"] - v["median"]] if v and v["n"] > 1 else [np.nan] * 2 for v in sp]
+            ).T
             x = np.arange(len(groups)) + (i - (len(names) - 1) / 2) * width
             colour = f"C{list(data['methods']).index(n) % 10}"  # the same colour per method in both plots
-            ax.bar(x, np.nan_to_num(med), width, yerr=err, capsize=2, label=n, color=colour,
-                   error_kw={"lw": 0.8})
+            ax.bar(x, np.nan_to_num(med), width, yerr=err, capsize=2, label=n, color=colour, error_kw={"lw": 0.8})
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks(np.arange(len(groups)), groups, rotation=20, ha="right")
         ax.set_ylabel(f"speed-up vs {base}")
-        ax.set_title(f"temperature {float(t):g}: median per-prompt speed-up, bars to the quartiles (dashed: {base})",
-                     fontsize=10)
+        ax.set_title(
+            f"temperature {float(t):g}: median per-prompt speed-up, bars to the quartiles (dashed: {base})", fontsize=10
+        )
         if names:
             ax.legend(fontsize=8, ncols=min(4, len(names)))
     paths.append(out / "speedup.png")
@@ -280,8 +335,9 @@ def plot(summary: dict, out: Path) -> list[Path]:
             for n, s in data["methods"].items():  # colour: the method; marker: the temperature
                 x, y = (s["speedup"] or {}).get("median"), s[key]
                 if x is not None and y is not None:
-                    ax.scatter(x, y, marker=marker, color=f"C{methods.index(n) % 10}", s=40,
-                               label=f"{n}, T={float(t):g}")
+                    ax.scatter(
+                        x, y, marker=marker, color=f"C{methods.index(n) % 10}", s=40, label=f"{n}, T={float(t):g}"
+                    )
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         values = [s[key] for d in temps.values() for s in d["methods"].values() if s[key] is not None]
         if values and max(values) <= 1.01 * min(values):  # all alike: show that, not a zoom into noise

@@ -38,19 +38,49 @@ BASELINES = {
     "hf-assisted": "transformers generate() with assistant_model = the draft (its assisted decoding)",
     "hf-lookup": "transformers generate() with prompt_lookup_num_tokens=10 (its prompt lookup decoding)",
     "hf-static": "transformers generate() with a static cache and torch.compile on the forward (its documented "
-                 "fast path)",
+    "fast path)",
     "llama-cpp": "llama.cpp (llama-cpp-python) on a GGUF file of the target; optional, not run by default",
 }
 OPTIONAL = {"llama-cpp"}  # peers that need a package the project does not depend on: listed, never defaults
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value
 RESULTS = "results.jsonl"
 # what a measured row holds beyond its key; a failed row holds them as None (one schema for every row)
-MEASURED = ("new_tokens", "seconds", "tokens_per_second", "target_calls", "draft_calls", "block_efficiency",
-            "acceptance_rate", "stopped", "mean_logprob", "perplexity", "energy_j", "j_per_token", "reference",
-            "rouge_l", "bleu", "exact_match", "text", "token_ids", "prompt_tokens", "predicted_tokens_per_second",
-            "decode_tokens_per_second", "drafter_iterations", "accepted_length_histogram", "position_acceptance",
-            "peak_memory_mb", "one_time_seconds", "compiles", "graph_captures", "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds",
-            "target_forwards", "draft_forwards")
+MEASURED = (
+    "new_tokens",
+    "seconds",
+    "tokens_per_second",
+    "target_calls",
+    "draft_calls",
+    "block_efficiency",
+    "acceptance_rate",
+    "stopped",
+    "mean_logprob",
+    "perplexity",
+    "energy_j",
+    "j_per_token",
+    "reference",
+    "rouge_l",
+    "bleu",
+    "exact_match",
+    "text",
+    "token_ids",
+    "prompt_tokens",
+    "predicted_tokens_per_second",
+    "decode_tokens_per_second",
+    "drafter_iterations",
+    "accepted_length_histogram",
+    "position_acceptance",
+    "peak_memory_mb",
+    "one_time_seconds",
+    "compiles",
+    "graph_captures",
+    "target_seconds",
+    "prefill_seconds",
+    "draft_seconds",
+    "other_seconds",
+    "target_forwards",
+    "draft_forwards",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +114,10 @@ def parse_method_spec(text: str) -> MethodSpec:
 def default_methods(with_draft: bool = True) -> list[str]:
     """Every registered method at its defaults, then the hf baselines (those needing a draft only with one);
     the optional peers only when asked for."""
-    names = [*sorted((n for n in METHODS if not METHODS[n].markov_only), key=lambda n: (n != "ar", n)),
-             *(b for b in BASELINES if b not in OPTIONAL)]
+    names = [
+        *sorted((n for n in METHODS if not METHODS[n].markov_only), key=lambda n: (n != "ar", n)),
+        *(b for b in BASELINES if b not in OPTIONAL),
+    ]
     return [n for n in names if with_draft or not _needs_draft(n)]
 
 
@@ -127,8 +159,10 @@ def prepare_out(out: str | Path, resume: bool = False, force: bool = False, dele
         raise ValueError(f"--out {out} is a file, not a folder")
     results = out / RESULTS
     if (results.exists() or sweep.shard_files(out)) and not (resume or force):
-        raise ValueError(f"{results if results.exists() else out / sweep.SHARDS} exists: pass --resume to continue "
-                         "that run, --force to start again, or choose another --out")
+        raise ValueError(
+            f"{results if results.exists() else out / sweep.SHARDS} exists: pass --resume to continue "
+            "that run, --force to start again, or choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     if force and not resume and delete:
         results.unlink(missing_ok=True)
@@ -218,8 +252,15 @@ def run_bench(
     out = prepare_out(out, resume, force, delete=main_process)
     if count > 1:
         state.wait_for_everyone()  # the main process has cleared the folder (--force)
-    settings = {"target": target.name, "draft": draft.name if draft is not None else None,
-                "max_new_tokens": max_new_tokens, "top_k": top_k, "top_p": top_p, "seed": seed, "chat": chat}
+    settings = {
+        "target": target.name,
+        "draft": draft.name if draft is not None else None,
+        "max_new_tokens": max_new_tokens,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "chat": chat,
+    }
     results = out / RESULTS
     own = results if count == 1 else sweep.shard_path(out, rank)
     own.parent.mkdir(parents=True, exist_ok=True)
@@ -239,10 +280,18 @@ def run_bench(
 
     load_start = _load()
     mine = prompts[rank::count]
-    todo = [(t, p, s) for t in temperatures for p in mine for s in specs
-            if row_key(p.id, s.label, t) not in done and (t > 0 or s.name in BASELINES or METHODS[s.name].greedy)]
-    skipped = sorted({s.label for s in specs if s.name not in BASELINES and not METHODS[s.name].greedy}
-                     if 0 in temperatures else set())
+    todo = [
+        (t, p, s)
+        for t in temperatures
+        for p in mine
+        for s in specs
+        if row_key(p.id, s.label, t) not in done and (t > 0 or s.name in BASELINES or METHODS[s.name].greedy)
+    ]
+    skipped = sorted(
+        {s.label for s in specs if s.name not in BASELINES and not METHODS[s.name].greedy}
+        if 0 in temperatures
+        else set()
+    )
     progress = progress and main_process
     if skipped and progress:
         print(f"bench: {', '.join(skipped)} only sample: not run at temperature 0", file=sys.stderr)
@@ -276,13 +325,31 @@ def run_bench(
     with open(own, "a", encoding="utf-8") as log:
         for t, prompt, spec in todo:
             bar.set_postfix_str(f"T={t:g} {spec.label} {prompt.id}", refresh=False)
-            row = {"prompt_id": prompt.id, "category": prompt.category, "method": spec.label,
-                   "method_name": spec.name, "params": spec.params, "temperature": float(t),
-                   "seed": prompt_seed(seed, prompt.id)}
+            row = {
+                "prompt_id": prompt.id,
+                "category": prompt.category,
+                "method": spec.label,
+                "method_name": spec.name,
+                "params": spec.params,
+                "temperature": float(t),
+                "seed": prompt_seed(seed, prompt.id),
+            }
             try:
                 ids = _prompt_ids(target, prompt, chat, ids_cache)
-                row.update(_measure(spec, target, draft, ids, prompt.reference, max_new_tokens,
-                                    Sampling(t, top_k, top_p), row["seed"], meter, peers))
+                row.update(
+                    _measure(
+                        spec,
+                        target,
+                        draft,
+                        ids,
+                        prompt.reference,
+                        max_new_tokens,
+                        Sampling(t, top_k, top_p),
+                        row["seed"],
+                        meter,
+                        peers,
+                    )
+                )
                 row["error"] = None
             except Exception as e:  # one method failing on one prompt must not end the run
                 row.update(dict.fromkeys(MEASURED))
@@ -301,11 +368,21 @@ def run_bench(
         state.wait_for_everyone()
         if not main_process:
             return None
-    meta = {"settings": settings, "models": models or {}, "baseline": base_label,
-            "methods": [s.label for s in specs], "temperatures": [float(t) for t in temperatures],
-            "prompts": len(prompts), "meter": meter.name if meter is not None else None,
-            "device": str(target.device), "torch": torch.__version__, "processes": count,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average": [load_start, _load()]}
+    meta = {
+        "settings": settings,
+        "models": models or {},
+        "baseline": base_label,
+        "methods": [s.label for s in specs],
+        "temperatures": [float(t) for t in temperatures],
+        "prompts": len(prompts),
+        "meter": meter.name if meter is not None else None,
+        "device": str(target.device),
+        "torch": torch.__version__,
+        "processes": count,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_average": [load_start, _load()],
+    }
     return write_report(out, read_results(results), meta)
 
 
@@ -319,8 +396,9 @@ def merge_shards(out: str | Path, order: list[tuple]) -> list[dict]:
         for row in read_results(path):
             rows.setdefault(row_key(row["prompt_id"], row["method"], row["temperature"]), row)
     place = {key: i for i, key in enumerate(order)}
-    merged = sorted(rows.values(), key=lambda r: place.get(row_key(r["prompt_id"], r["method"], r["temperature"]),
-                                                            len(place)))
+    merged = sorted(
+        rows.values(), key=lambda r: place.get(row_key(r["prompt_id"], r["method"], r["temperature"]), len(place))
+    )
     tmp = out / (RESULTS + ".merging")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in merged), encoding="utf-8")
     os.replace(tmp, out / RESULTS)
@@ -357,17 +435,34 @@ def _measure(spec, target, draft, ids, reference, max_new_tokens, sampling, seed
         "j_per_token": energy / n if energy is not None and n else None,
         "peak_memory_mb": peak.bytes / 2**20 if peak.bytes is not None else None,
         "reference": reference,
-        "rouge_l": None, "bleu": None, "exact_match": None,
+        "rouge_l": None,
+        "bleu": None,
+        "exact_match": None,
     }
     row["perplexity"] = metrics.perplexity([row["mean_logprob"]])
     if reference is not None and text is not None:
-        row.update(rouge_l=metrics.rouge_l(text, reference), bleu=metrics.bleu(text, reference),
-                   exact_match=metrics.exact_match(text, reference))
+        row.update(
+            rouge_l=metrics.rouge_l(text, reference),
+            bleu=metrics.bleu(text, reference),
+            exact_match=metrics.exact_match(text, reference),
+        )
     row.update(text=text, token_ids=tokens, prompt_tokens=len(ids))
-    for key in ("predicted_tokens_per_second", "decode_tokens_per_second", "drafter_iterations",
-                "accepted_length_histogram", "position_acceptance", "one_time_seconds", "compiles",
-                "graph_captures", "target_seconds", "prefill_seconds", "draft_seconds", "other_seconds", "target_forwards",
-                "draft_forwards"):
+    for key in (
+        "predicted_tokens_per_second",
+        "decode_tokens_per_second",
+        "drafter_iterations",
+        "accepted_length_histogram",
+        "position_acceptance",
+        "one_time_seconds",
+        "compiles",
+        "graph_captures",
+        "target_seconds",
+        "prefill_seconds",
+        "draft_seconds",
+        "other_seconds",
+        "target_forwards",
+        "draft_forwards",
+    ):
         row[key] = stats.get(key)
     return row
 
@@ -376,18 +471,44 @@ def _generate(spec, target, draft, ids, max_new_tokens, sampling, seed, peers=No
     if spec.name == "llama-cpp":
         return peers["llama-cpp"].generate(ids, max_new_tokens, sampling, seed, target.stop_tokens)
     if spec.name in BASELINES:
-        return hf_generate(target, draft if spec.name == "hf-assisted" else None, ids, max_new_tokens, sampling, seed,
-                           lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0,
-                           static=spec.name == "hf-static",
-                           max_cache_len=(peers or {}).get("hf-static", {}).get("max_cache_len"))
-    r = generate(target, draft, ids, method=spec.name, max_new_tokens=max_new_tokens,
-                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=seed,
-                 score=False, **spec.params)  # scored in `_measure`, for the hf baselines too
+        return hf_generate(
+            target,
+            draft if spec.name == "hf-assisted" else None,
+            ids,
+            max_new_tokens,
+            sampling,
+            seed,
+            lookup=HF_LOOKUP_TOKENS if spec.name == "hf-lookup" else 0,
+            static=spec.name == "hf-static",
+            max_cache_len=(peers or {}).get("hf-static", {}).get("max_cache_len"),
+        )
+    r = generate(
+        target,
+        draft,
+        ids,
+        method=spec.name,
+        max_new_tokens=max_new_tokens,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=seed,
+        score=False,
+        **spec.params,
+    )  # scored in `_measure`, for the hf baselines too
     return r.token_ids, r.stats
 
 
-def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sampling, seed: int, lookup: int = 0,
-                static: bool = False, max_cache_len: int | None = None):
+def hf_generate(
+    target,
+    draft,
+    ids: list[int],
+    max_new_tokens: int,
+    sampling: Sampling,
+    seed: int,
+    lookup: int = 0,
+    static: bool = False,
+    max_cache_len: int | None = None,
+):
     """transformers' own generate() on the target's underlying model as transformers ships it (with the draft
     as assistant_model when given, with prompt lookup of `lookup` tokens when > 0; with `static`, the fast
     path transformers documents: `cache_implementation="static"` and the forward through `torch.compile`,
@@ -403,8 +524,12 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
     if sampling.greedy:
         kwargs = {"do_sample": False}
     else:  # top_k=0 turns off transformers' default top-k of 50
-        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_k": sampling.top_k,
-                  "top_p": sampling.top_p}
+        kwargs = {
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+        }
     if draft is not None:
         kwargs["assistant_model"] = draft.model
     if lookup:
@@ -427,15 +552,22 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
             target._hf_compiled_forward = forward
         target.model.forward = target._hf_compiled_forward
     calls = {"target": 0, "draft": 0}
-    hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
-             for k, m in (("target", target), ("draft", draft)) if m is not None]
+    hooks = [
+        m.model.register_forward_pre_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
+        for k, m in (("target", target), ("draft", draft))
+        if m is not None
+    ]
     torch.manual_seed(seed)
     try:
         t0 = time.perf_counter()
         with torch.inference_mode(), stock_attention(target.model, draft.model if draft is not None else None):
-            out = target.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                                        pad_token_id=target.eos_token_id if target.eos_token_id is not None else 0,
-                                        **kwargs)
+            out = target.model.generate(
+                inputs,
+                attention_mask=torch.ones_like(inputs),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=target.eos_token_id if target.eos_token_id is not None else 0,
+                **kwargs,
+            )
         _sync(target)
         seconds = time.perf_counter() - t0
     finally:
@@ -443,10 +575,15 @@ def hf_generate(target, draft, ids: list[int], max_new_tokens: int, sampling: Sa
             h.remove()
         if static:
             del target.model.forward  # the class's forward again
-    tokens = out[0, len(ids):].tolist()
+    tokens = out[0, len(ids) :].tolist()
     stopped = "eos" if tokens and tokens[-1] in target.stop_tokens else "length"
-    return tokens, {"seconds": seconds, "target_calls": calls["target"], "draft_calls": calls["draft"],
-                    "acceptance_rate": None, "stopped": stopped}
+    return tokens, {
+        "seconds": seconds,
+        "target_calls": calls["target"],
+        "draft_calls": calls["draft"],
+        "acceptance_rate": None,
+        "stopped": stopped,
+    }
 
 
 def _warmup_prompts(prompts: list[Prompt], spec: MethodSpec, chat: bool, target, ids_cache: dict) -> list[Prompt]:

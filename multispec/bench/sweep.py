@@ -40,14 +40,27 @@ def launch(argv: list[str], processes: int) -> int:
     """Run `multispec <argv>` in `processes` processes through `accelerate launch`; its exit status."""
     import torch
 
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               # the multi-process launcher (torchrun), also on a machine without GPUs: each process then
-               # finds no CUDA device and joins a gloo group on the CPU
-               "--multi_gpu"]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        # the multi-process launcher (torchrun), also on a machine without GPUs: each process then
+        # finds no CUDA device and joins a gloo group on the CPU
+        "--multi_gpu",
+    ]
     if torch.cuda.is_available() and torch.cuda.device_count() < processes:
-        raise ValueError(f"--processes {processes}: this machine has {torch.cuda.device_count()} GPU(s); "
-                         "give at most one process per GPU")
+        raise ValueError(
+            f"--processes {processes}: this machine has {torch.cuda.device_count()} GPU(s); "
+            "give at most one process per GPU"
+        )
     return subprocess.call([*command, "-m", "multispec", *argv])
 
 

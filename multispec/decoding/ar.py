@@ -13,5 +13,6 @@ def decode(s: Session) -> None:
         s.commit(Verdict.token(target_step(s)))
 
 
-register(Method("ar", decode, needs_draft=False, exact="reference",
-                summary="target-only sampling (greedy at temperature 0)"))
+register(
+    Method("ar", decode, needs_draft=False, exact="reference", summary="target-only sampling (greedy at temperature 0)")
+)

@@ -57,9 +57,19 @@ def decode(s: Session, *, width: int, deterministic: bool, length_penalty: float
     s.counters["iterations"] += 1
 
 
-register(Method("beam", decode, needs_draft=False, exact="reference",
-                summary="target-only beam sampling, or deterministic beam search",
-                params={"width": size(4, MAX_ROWS, "beam width W"),
-                        "deterministic": Param(bool, False, rule="true or false",
-                                               help="keep the W best extensions instead of sampling"),
-                        "length_penalty": LENGTH_PENALTY}))
+register(
+    Method(
+        "beam",
+        decode,
+        needs_draft=False,
+        exact="reference",
+        summary="target-only beam sampling, or deterministic beam search",
+        params={
+            "width": size(4, MAX_ROWS, "beam width W"),
+            "deterministic": Param(
+                bool, False, rule="true or false", help="keep the W best extensions instead of sampling"
+            ),
+            "length_penalty": LENGTH_PENALTY,
+        },
+    )
+)

@@ -30,14 +30,31 @@ def decode(s: Session, *, fallback: float, rollback: float, max_unchecked: int) 
     speculate(s, drafter, (1,) * max_unchecked, verify)
 
 
-register(Method("bild", decode, needs_draft=True,
-                exact="lossy by design: the target keeps draft tokens it finds likely enough",
-                summary="Big Little Decoder baseline: the target checks the draft when it is unsure (as run by the "
-                        "MTAD and MJSD authors)",
-                params={"fallback": Param(float, 0.9, lambda v: 0 <= v <= 1, "a number in [0, 1]",
-                                          "hand over to the target after a draft token drawn from a distribution "
-                                          "whose largest probability is below this"),
-                        "rollback": Param(float, 1.0, lambda v: 0 <= v <= 1e6, "a number in [0, 1e6]",
-                                          "roll back at the first draft token whose -log target probability "
-                                          "exceeds this"),
-                        "max_unchecked": size(10, MAX_DEPTH, "draft tokens before the target checks them anyway")}))
+register(
+    Method(
+        "bild",
+        decode,
+        needs_draft=True,
+        exact="lossy by design: the target keeps draft tokens it finds likely enough",
+        summary="Big Little Decoder baseline: the target checks the draft when it is unsure (as run by the "
+        "MTAD and MJSD authors)",
+        params={
+            "fallback": Param(
+                float,
+                0.9,
+                lambda v: 0 <= v <= 1,
+                "a number in [0, 1]",
+                "hand over to the target after a draft token drawn from a distribution "
+                "whose largest probability is below this",
+            ),
+            "rollback": Param(
+                float,
+                1.0,
+                lambda v: 0 <= v <= 1e6,
+                "a number in [0, 1e6]",
+                "roll back at the first draft token whose -log target probability exceeds this",
+            ),
+            "max_unchecked": size(10, MAX_DEPTH, "draft tokens before the target checks them anyway"),
+        },
+    )
+)

@@ -41,8 +41,18 @@ from ..verify import forest_verify
 from .registry import LENGTH_PENALTY, MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
-def decode(s: Session, *, gamma: int, draft_width: int, beam_width: int | None, width_threshold: float,
-           min_width: int, one_cache: bool, output: str, length_penalty: float) -> None:
+def decode(
+    s: Session,
+    *,
+    gamma: int,
+    draft_width: int,
+    beam_width: int | None,
+    width_threshold: float,
+    min_width: int,
+    one_cache: bool,
+    output: str,
+    length_penalty: float,
+) -> None:
     beam_width = draft_width if beam_width is None else beam_width
     drafter = ForestDraft(s.draft_runner(), setup_of(s))
     hyps = Hypotheses(s)
@@ -51,8 +61,18 @@ def decode(s: Session, *, gamma: int, draft_width: int, beam_width: int | None, 
         g = min(gamma, hyps.room() - 1)
         forest = drafter.propose(hyps, (draft_width,) * g)
         logprobs, node_logprobs, target_paths = _score(s, hyps.rows, forest)
-        verdict = forest_verify(hyps.scores, logprobs, forest.layers, node_logprobs, s.sampling, beam_width,
-                                width_threshold, min_width, stops=s.stop_tokens, generator=s.generator)
+        verdict = forest_verify(
+            hyps.scores,
+            logprobs,
+            forest.layers,
+            node_logprobs,
+            s.sampling,
+            beam_width,
+            width_threshold,
+            min_width,
+            stops=s.stop_tokens,
+            generator=s.generator,
+        )
         d = verdict.depth
         widths += verdict.widths
         s.count(d - 1, d <= g, drafted=g, nodes=g * draft_width)
@@ -88,8 +108,9 @@ def _score(s: Session, rows: list[list[int]], forest: Forest):
     paths_by_layer, where = [], []
     previous: list[list[int]] = [[] for _ in rows]
     for d, layer in enumerate(forest.layers, start=1):
-        previous, at = grow_rows(entries, forest.roots[d - 1], layer.tokens.tolist(),
-                                 [previous[p] for p in layer.parents.tolist()], d)
+        previous, at = grow_rows(
+            entries, forest.roots[d - 1], layer.tokens.tolist(), [previous[p] for p in layer.parents.tolist()], d
+        )
         paths_by_layer.append(previous)
         where.append(at)
     # [B, 1 + S, V]; padding entries are never read
@@ -107,24 +128,48 @@ def _path(forest: Forest, layer: int, j: int) -> list[int]:
     return tokens[::-1]
 
 
-register(Method("dsbd", decode, needs_draft=True, greedy=False,
-                exact="width_threshold=0 keeps the law of beam of width beam_width (draft_width=beam_width=1: "
-                      "ar's); a dynamic width changes the schedule, one_cache keeps no known law",
-                summary="dynamic-width speculative beam decoding: a draft forest from every beam, verified "
-                        "layer by layer (DSBD)",
-                params={"gamma": size(3, MAX_DEPTH, "draft layers per target call"),
-                        "draft_width": size(3, MAX_ROWS, "draft beams per layer W_S"),
-                        "beam_width": size(None, MAX_ROWS, "beams kept W_L: the hypotheses per iteration and a fixed-width "
-                                            "layer's acceptances; default draft_width, as the paper's "
-                                            "experiments (the authors' code keeps W_S beams)"),
-                        "width_threshold": Param(float, 0.7, lambda v: 0 <= v <= 1, "a number in [0, 1]",
-                                                 "a layer needs the largest K with P(at least K drafts "
-                                                 "accepted) >= this, at most beam_width; 0: beam_width (fixed "
-                                                 "width)"),
-                        "min_width": size(1, MAX_ROWS, "the least a layer must accept (W_min)"),
-                        "one_cache": Param(bool, False, rule="true or false",
-                                           help="keep one beam per iteration: one cache row per model"),
-                        "output": Param(str, "best", lambda v: v in ("best", "sample"), "'best' or 'sample'",
-                                        "with one_cache, the beam kept: the most likely under the target (the "
-                                        "paper), or the drawn one (the authors' code)"),
-                        "length_penalty": LENGTH_PENALTY}))
+register(
+    Method(
+        "dsbd",
+        decode,
+        needs_draft=True,
+        greedy=False,
+        exact="width_threshold=0 keeps the law of beam of width beam_width (draft_width=beam_width=1: "
+        "ar's); a dynamic width changes the schedule, one_cache keeps no known law",
+        summary="dynamic-width speculative beam decoding: a draft forest from every beam, verified "
+        "layer by layer (DSBD)",
+        params={
+            "gamma": size(3, MAX_DEPTH, "draft layers per target call"),
+            "draft_width": size(3, MAX_ROWS, "draft beams per layer W_S"),
+            "beam_width": size(
+                None,
+                MAX_ROWS,
+                "beams kept W_L: the hypotheses per iteration and a fixed-width "
+                "layer's acceptances; default draft_width, as the paper's "
+                "experiments (the authors' code keeps W_S beams)",
+            ),
+            "width_threshold": Param(
+                float,
+                0.7,
+                lambda v: 0 <= v <= 1,
+                "a number in [0, 1]",
+                "a layer needs the largest K with P(at least K drafts "
+                "accepted) >= this, at most beam_width; 0: beam_width (fixed "
+                "width)",
+            ),
+            "min_width": size(1, MAX_ROWS, "the least a layer must accept (W_min)"),
+            "one_cache": Param(
+                bool, False, rule="true or false", help="keep one beam per iteration: one cache row per model"
+            ),
+            "output": Param(
+                str,
+                "best",
+                lambda v: v in ("best", "sample"),
+                "'best' or 'sample'",
+                "with one_cache, the beam kept: the most likely under the target (the "
+                "paper), or the drawn one (the authors' code)",
+            ),
+            "length_penalty": LENGTH_PENALTY,
+        },
+    )
+)

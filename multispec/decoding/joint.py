@@ -34,13 +34,25 @@ from .registry import MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
 def decode_mtad(s: Session, *, gamma: int, width: int, tau: float, ratio: str, threshold: str, beam_warp: str) -> None:
-    _joint(s, BeamDraft(s.draft_runner(), setup_of(s), width, deterministic=False, ratio=ratio, warp=beam_warp),
-           gamma, tau, ratio, threshold)
+    _joint(
+        s,
+        BeamDraft(s.draft_runner(), setup_of(s), width, deterministic=False, ratio=ratio, warp=beam_warp),
+        gamma,
+        tau,
+        ratio,
+        threshold,
+    )
 
 
 def decode_mjsd(s: Session, *, gamma: int, width: int, tau: float, ratio: str, threshold: str, beam_warp: str) -> None:
-    _joint(s, BeamDraft(s.draft_runner(), setup_of(s), width, deterministic=True, ratio=ratio, warp=beam_warp),
-           gamma, tau, ratio, threshold)
+    _joint(
+        s,
+        BeamDraft(s.draft_runner(), setup_of(s), width, deterministic=True, ratio=ratio, warp=beam_warp),
+        gamma,
+        tau,
+        ratio,
+        threshold,
+    )
 
 
 def _joint(s: Session, drafter: BeamDraft, gamma: int, tau: float, ratio: str, threshold: str) -> None:
@@ -48,8 +60,15 @@ def _joint(s: Session, drafter: BeamDraft, gamma: int, tau: float, ratio: str, t
         logits = s.target.feed([s.tokens], Entries.chain(proposal.tokens))[0]  # [g + 1, V]
         warped = s.sampling.probs(logits)
         ratio_rows = torch.softmax(logits.double(), -1) if ratio == "raw" else warped
-        return joint_verify(ratio_rows, proposal.logq, proposal.tokens, tau, s.generator,
-                            strict=threshold == "strict", next_probs=warped)
+        return joint_verify(
+            ratio_rows,
+            proposal.logq,
+            proposal.tokens,
+            tau,
+            s.generator,
+            strict=threshold == "strict",
+            next_probs=warped,
+        )
 
     speculate(s, drafter, (1,) * gamma, verify)
 
@@ -58,25 +77,58 @@ def _joint_params(beam_warp: str) -> dict[str, Param]:
     return {
         "gamma": size(4, MAX_DEPTH, "tokens drafted per target call"),
         "width": size(8, MAX_ROWS, "draft beams W"),
-        "tau": Param(float, 0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]",
-                     "a prefix passes when min(1, target joint / draft joint) > tau; 0 accepts any prefix the "
-                     "target allows, 1 none"),
-        "ratio": Param(str, "warped", lambda v: v in ("warped", "raw"), "'warped' or 'raw'",
-                       "distributions in the ratio: warped on both sides (the authors' code) or the plain "
-                       "softmaxes (the papers' exposition)"),
-        "threshold": Param(str, "strict", lambda v: v in ("strict", "non-strict"), "'strict' or 'non-strict'",
-                           "> tau (the paper) or >= tau (the authors' code)"),
-        "beam_warp": Param(str, beam_warp, lambda v: v in BEAM_WARPS, "'joint' or 'rows'",
-                           "warp the beams' joint distribution over W x V extensions (MTAD Eq. 2), or each "
-                           "beam's row before joining (the authors' code; MJSD §2.1)"),
+        "tau": Param(
+            float,
+            0.1,
+            lambda v: 0 <= v <= 1,
+            "a number in [0, 1]",
+            "a prefix passes when min(1, target joint / draft joint) > tau; 0 accepts any prefix the "
+            "target allows, 1 none",
+        ),
+        "ratio": Param(
+            str,
+            "warped",
+            lambda v: v in ("warped", "raw"),
+            "'warped' or 'raw'",
+            "distributions in the ratio: warped on both sides (the authors' code) or the plain "
+            "softmaxes (the papers' exposition)",
+        ),
+        "threshold": Param(
+            str,
+            "strict",
+            lambda v: v in ("strict", "non-strict"),
+            "'strict' or 'non-strict'",
+            "> tau (the paper) or >= tau (the authors' code)",
+        ),
+        "beam_warp": Param(
+            str,
+            beam_warp,
+            lambda v: v in BEAM_WARPS,
+            "'joint' or 'rows'",
+            "warp the beams' joint distribution over W x V extensions (MTAD Eq. 2), or each "
+            "beam's row before joining (the authors' code; MJSD §2.1)",
+        ),
     }
 
 
 LOSSY = "lossy by design: joint-likelihood acceptance, judged by perplexity"
-register(Method("mtad", decode_mtad, needs_draft=True, exact=LOSSY,
-                summary="multi-token assisted decoding: beam-sampled draft block, joint-ratio acceptance (MTAD)",
-                params=_joint_params("joint")))
-register(Method("mjsd", decode_mjsd, needs_draft=True, exact=LOSSY,
-                summary="multi-token joint speculative decoding: beam-decoded draft block, joint-ratio acceptance "
-                        "(MJSD)",
-                params=_joint_params("rows")))
+register(
+    Method(
+        "mtad",
+        decode_mtad,
+        needs_draft=True,
+        exact=LOSSY,
+        summary="multi-token assisted decoding: beam-sampled draft block, joint-ratio acceptance (MTAD)",
+        params=_joint_params("joint"),
+    )
+)
+register(
+    Method(
+        "mjsd",
+        decode_mjsd,
+        needs_draft=True,
+        exact=LOSSY,
+        summary="multi-token joint speculative decoding: beam-decoded draft block, joint-ratio acceptance (MJSD)",
+        params=_joint_params("rows"),
+    )
+)

@@ -37,8 +37,14 @@ def chain_count(proposal: Proposal) -> dict:
     return {"drafted": proposal.size}
 
 
-def speculate(s: Session, drafter: Drafter, shape: Shape, verify: Callable[[Proposal], Verdict],
-              bonus: bool = True, counted: Callable[[Proposal], dict] = chain_count) -> None:
+def speculate(
+    s: Session,
+    drafter: Drafter,
+    shape: Shape,
+    verify: Callable[[Proposal], Verdict],
+    bonus: bool = True,
+    counted: Callable[[Proposal], dict] = chain_count,
+) -> None:
     """Run the loop (module note) with proposals of `shape` (branching factors or a tree; cut to the room left).
     `counted(proposal)`: the counts `Session.commit` records for it (default: every node a draft position)."""
     for depth in draft_depths(s, shape_depth(shape), bonus):

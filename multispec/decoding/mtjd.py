@@ -23,12 +23,15 @@ MAX_BLOCKS = 1 << 20
 
 def check_model(target, gamma: int) -> None:
     if not isinstance(target, MarkovLM):
-        raise ValueError(f"mtjd enumerates every block exactly and runs only on MarkovLM test models, not on "
-                         f"{getattr(target, 'name', type(target).__name__)!r}; use mjsd or mtad on a real model")
-    blocks = target.vocab_size ** gamma
+        raise ValueError(
+            f"mtjd enumerates every block exactly and runs only on MarkovLM test models, not on "
+            f"{getattr(target, 'name', type(target).__name__)!r}; use mjsd or mtad on a real model"
+        )
+    blocks = target.vocab_size**gamma
     if blocks > MAX_BLOCKS:
-        raise ValueError(f"mtjd would enumerate {target.vocab_size}^{gamma} = {blocks} blocks, more than "
-                         f"{MAX_BLOCKS}; lower gamma")
+        raise ValueError(
+            f"mtjd would enumerate {target.vocab_size}^{gamma} = {blocks} blocks, more than {MAX_BLOCKS}; lower gamma"
+        )
 
 
 def block_log_likelihoods(target: MarkovLM, last_token: int, position: int, k: int) -> torch.Tensor:
@@ -60,10 +63,22 @@ def decode(s: Session, *, gamma: int, bonus: bool) -> None:
         s.counters["iterations"] += 1
 
 
-register(Method("mtjd", decode, needs_draft=False, exact="reference: the target's exact joint over blocks",
-                summary="exact multi-token joint decoding by enumerating every block (MarkovLM test models only)",
-                params={"gamma": size(4, MAX_DEPTH, "tokens per block"),
-                        "bonus": Param(bool, False, rule="true or false",
-                                       help="one token from the target after each block, as the joint methods "
-                                            "draw one")},
-                markov_only=True))
+register(
+    Method(
+        "mtjd",
+        decode,
+        needs_draft=False,
+        exact="reference: the target's exact joint over blocks",
+        summary="exact multi-token joint decoding by enumerating every block (MarkovLM test models only)",
+        params={
+            "gamma": size(4, MAX_DEPTH, "tokens per block"),
+            "bonus": Param(
+                bool,
+                False,
+                rule="true or false",
+                help="one token from the target after each block, as the joint methods draw one",
+            ),
+        },
+        markov_only=True,
+    )
+)

@@ -35,8 +35,14 @@ class Param:
 def size(default: int | None, high: int, help: str, auto: bool = False) -> Param:
     """An integer parameter in [1, high] (or 'auto', with `auto`)."""
     if auto:
-        return Param(IntOrAuto, default, lambda v: v == "auto" or 1 <= v <= high,
-                     f"an integer in [1, {high}] or 'auto'", help, high)
+        return Param(
+            IntOrAuto,
+            default,
+            lambda v: v == "auto" or 1 <= v <= high,
+            f"an integer in [1, {high}] or 'auto'",
+            help,
+            high,
+        )
     return Param(int, default, lambda v: 1 <= v <= high, f"an integer in [1, {high}]", help, high)
 
 
@@ -68,12 +74,13 @@ class Method:
         for key, value in given.items():
             if key not in self.params:
                 known = ", ".join(str(k) for k in self.params) or "none"
-                raise ValueError(f"method {self.name!r} has no parameter {str(key)[:64]!r} (its parameters: "
-                                 f"{known})")
+                raise ValueError(f"method {self.name!r} has no parameter {str(key)[:64]!r} (its parameters: {known})")
             spec = self.params[key]
             if spec.file and not files and isinstance(value, str) and value != "auto":
-                raise ValueError(f"{key} must be given inline here (a JSON list of parent indices or nested "
-                                 "lists, or 'auto'): file paths are not accepted")
+                raise ValueError(
+                    f"{key} must be given inline here (a JSON list of parent indices or nested "
+                    "lists, or 'auto'): file paths are not accepted"
+                )
             if value is None and spec.default is None:  # "not set": the method derives it (e.g. from another)
                 out[key] = None
                 continue
@@ -83,8 +90,12 @@ class Method:
             out[key] = value
         for key, spec in self.params.items():
             out.setdefault(key, spec.default)
-        for low, high in (("min_ngram", "max_ngram"), ("min_width", "draft_width"), ("min_width", "beam_width"),
-                          ("beam_width", "draft_width")):
+        for low, high in (
+            ("min_ngram", "max_ngram"),
+            ("min_width", "draft_width"),
+            ("min_width", "beam_width"),
+            ("beam_width", "draft_width"),
+        ):
             if out.get(low) is not None and out.get(high) is not None and out[low] > out[high]:
                 raise ValueError(f"{low} ({out[low]}) must not exceed {high} ({out[high]})")
         return out
@@ -153,15 +164,21 @@ def get_method(name: str) -> Method:
 
 # parameters several methods share
 
+
 def drafter_params(tree: bool = False) -> dict[str, Param]:
     """`drafter`, `min_ngram`, `max_ngram`: who drafts (see `multispec.drafting`)."""
     from ..drafting import DRAFTERS
 
     what = "the model's tree with the copied chain as one more branch" if tree else "the model elsewhere"
     return {
-        "drafter": Param(str, "model", lambda v: v in DRAFTERS, " or ".join(repr(d) for d in DRAFTERS),
-                         "who drafts: the draft model, prompt lookup, suffix matching (no model needed), or "
-                         f"hybrid: a copy where the text repeats, {what}"),
+        "drafter": Param(
+            str,
+            "model",
+            lambda v: v in DRAFTERS,
+            " or ".join(repr(d) for d in DRAFTERS),
+            "who drafts: the draft model, prompt lookup, suffix matching (no model needed), or "
+            f"hybrid: a copy where the text repeats, {what}",
+        ),
         "min_ngram": size(1, MAX_NGRAM, "shortest n-gram a copy may match"),
         "max_ngram": size(3, MAX_NGRAM, "longest n-gram a copy tries to match"),
     }
@@ -176,12 +193,21 @@ def _is_k_config(value) -> bool:
 
 
 def k_config_param(default: str, help: str) -> Param:
-    return Param(object, default, _is_k_config,
-                 "branching factors >= 1 joined by 'x' (e.g. 4x2x2; depth = number of factors), at most 256 nodes",
-                 help)
+    return Param(
+        object,
+        default,
+        _is_k_config,
+        "branching factors >= 1 joined by 'x' (e.g. 4x2x2; depth = number of factors), at most 256 nodes",
+        help,
+    )
 
 
 BONUS = Param(bool, True, rule="true or false", help="sample a free target token after a fully accepted chain")
-LENGTH_PENALTY = Param(float, 1.0, lambda v: -10 <= v <= 10, "a number in [-10, 10]",
-                       "the answer is the beam with the highest log-likelihood / length ** this: 1 the mean "
-                       "per token (its perplexity), 0 the total (favours short answers)")
+LENGTH_PENALTY = Param(
+    float,
+    1.0,
+    lambda v: -10 <= v <= 10,
+    "a number in [-10, 10]",
+    "the answer is the beam with the highest log-likelihood / length ** this: 1 the mean "
+    "per token (its perplexity), 0 the total (favours short answers)",
+)

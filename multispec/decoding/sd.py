@@ -26,18 +26,23 @@ from .loop import speculate
 from .registry import BONUS, MAX_DEPTH, Method, Param, drafter_params, register, size
 
 
-def decode(s: Session, *, gamma: int | str, bonus: bool, confidence: float, drafter: str, min_ngram: int,
-           max_ngram: int) -> None:
+def decode(
+    s: Session, *, gamma: int | str, bonus: bool, confidence: float, drafter: str, min_ngram: int, max_ngram: int
+) -> None:
     proposer = make_drafter(drafter, s, tree=False, confidence=confidence, min_ngram=min_ngram, max_ngram=max_ngram)
     verify = partial(_verify, s, speculative_verify, bonus)
     if gamma != "auto":
         return speculate(s, proposer, (1,) * gamma, verify, bonus)
     # the work besides forwards priced as tree=auto prices it by default
-    controller = DraftLength(forward_cost(s.target_model),
-                             forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None,
-                             overhead=OVERHEAD_PRIOR, plain_overhead=PLAIN_OVERHEAD_PRIOR)
-    auto = AutoLength(proposer, controller, setup_of(s), lambda context: len(context) - s.target.committed,
-                      s.one_time_seconds)
+    controller = DraftLength(
+        forward_cost(s.target_model),
+        forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None,
+        overhead=OVERHEAD_PRIOR,
+        plain_overhead=PLAIN_OVERHEAD_PRIOR,
+    )
+    auto = AutoLength(
+        proposer, controller, setup_of(s), lambda context: len(context) - s.target.committed, s.one_time_seconds
+    )
     speculate(s, auto, (1,) * controller.max_gamma, verify, bonus)
     s.info.update(auto.report(len(s.tokens)))
 
@@ -60,24 +65,66 @@ def _verify(s: Session, rule, bonus: bool, proposal):
 def decode_relaxed(s: Session, *, gamma: int, eps: float, resample: str, bonus: bool) -> None:
     """`sd-opt`: the same loop with the over-accepting rule; eps = 0 with "opt" is `sd`."""
     proposer = make_drafter("model", s, tree=False)
-    speculate(s, proposer, (1,) * gamma, partial(_verify, s, partial(relaxed_verify, eps=eps, resample=resample),
-                                                 bonus), bonus)
+    speculate(
+        s,
+        proposer,
+        (1,) * gamma,
+        partial(_verify, s, partial(relaxed_verify, eps=eps, resample=resample), bonus),
+        bonus,
+    )
 
 
-register(Method("sd", decode, needs_draft=True, exact="equals ar in distribution",
-                summary="speculative sampling with a chain of gamma drafts",
-                params={"gamma": size(4, MAX_DEPTH, "drafts per target call (at most); auto: chosen each call from the "
-                                            "target's measured cost curve and the acceptance so far", auto=True),
-                        "bonus": BONUS,
-                        "confidence": Param(float, 0.0, lambda v: 0 <= v <= 1, "a number in [0, 1]",
-                                            "end a chain after a draft token the draft gave less than this "
-                                            "probability (0: always gamma drafts)"),
-                        **drafter_params()}))
-register(Method("sd-opt", decode_relaxed, needs_draft=True, exact="biased when eps > 0 (eps = 0 is sd)",
-                summary="over-accepting speculative sampling (Decoding-OPT / UNO of Yin et al., 2024)",
-                params={"gamma": size(4, MAX_DEPTH, "drafts per target call"),
-                        "eps": Param(float, 0.1, lambda v: 0 <= v <= 1e6, "a number in [0, 1e6]",
-                                     "over-acceptance: accept with min(1, (target + eps) / draft)"),
-                        "resample": Param(str, "opt", lambda v: v in ("opt", "uno"), "'opt' or 'uno'",
-                                          "on rejection: the optimal residual (opt) or the target (uno)"),
-                        "bonus": BONUS}))
+register(
+    Method(
+        "sd",
+        decode,
+        needs_draft=True,
+        exact="equals ar in distribution",
+        summary="speculative sampling with a chain of gamma drafts",
+        params={
+            "gamma": size(
+                4,
+                MAX_DEPTH,
+                "drafts per target call (at most); auto: chosen each call from the "
+                "target's measured cost curve and the acceptance so far",
+                auto=True,
+            ),
+            "bonus": BONUS,
+            "confidence": Param(
+                float,
+                0.0,
+                lambda v: 0 <= v <= 1,
+                "a number in [0, 1]",
+                "end a chain after a draft token the draft gave less than this probability (0: always gamma drafts)",
+            ),
+            **drafter_params(),
+        },
+    )
+)
+register(
+    Method(
+        "sd-opt",
+        decode_relaxed,
+        needs_draft=True,
+        exact="biased when eps > 0 (eps = 0 is sd)",
+        summary="over-accepting speculative sampling (Decoding-OPT / UNO of Yin et al., 2024)",
+        params={
+            "gamma": size(4, MAX_DEPTH, "drafts per target call"),
+            "eps": Param(
+                float,
+                0.1,
+                lambda v: 0 <= v <= 1e6,
+                "a number in [0, 1e6]",
+                "over-acceptance: accept with min(1, (target + eps) / draft)",
+            ),
+            "resample": Param(
+                str,
+                "opt",
+                lambda v: v in ("opt", "uno"),
+                "'opt' or 'uno'",
+                "on rejection: the optimal residual (opt) or the target (uno)",
+            ),
+            "bonus": BONUS,
+        },
+    )
+)

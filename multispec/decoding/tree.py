@@ -54,8 +54,16 @@ from .registry import (
 EXACT_RULES = (recursive_rejection, without_replacement_rejection, naive_rejection)
 
 
-def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool = True,
-                   tree_attention: bool = True, drafted_per_depth: int = 1, rank_key: str = "model") -> None:
+def speculate_tree(
+    s: Session,
+    drafter: Drafter,
+    shape: Shape,
+    rule,
+    bonus: bool = True,
+    tree_attention: bool = True,
+    drafted_per_depth: int = 1,
+    rank_key: str = "model",
+) -> None:
     """The tree loop. `drafted_per_depth`: draft positions counted per depth (1 for a tree, M for M chains),
     for the acceptance rate; `rank_key`: the drafter and draw mode its rank acceptance is counted under."""
 
@@ -68,12 +76,20 @@ def speculate_tree(s: Session, drafter: Drafter, shape: Shape, rule, bonus: bool
         else:
             logits = score_paths(s.target, s.tokens, proposal.tokens, tree)
         if s.sampling.greedy and rule in EXACT_RULES:  # one-hot target rows: decided by their argmax alone
-            verdict = greedy_tree_verify(tree, proposal.tokens, argmax(logits), bonus, proposal.live,
-                                         proposal.fixed)
+            verdict = greedy_tree_verify(tree, proposal.tokens, argmax(logits), bonus, proposal.live, proposal.fixed)
         else:
             target_probs = s.sampling.probs(logits)  # [1 + scored, V]: row 0 the root, row 1 + g node g
-            verdict = tree_verify(tree, proposal.tokens, target_probs, proposal.draft_probs, s.generator, rule,
-                                  bonus, proposal.live, proposal.fixed)
+            verdict = tree_verify(
+                tree,
+                proposal.tokens,
+                target_probs,
+                proposal.draft_probs,
+                s.generator,
+                rule,
+                bonus,
+                proposal.live,
+                proposal.fixed,
+            )
         record_verdict(s.ranks, rank_key, tree, verdict.accepted, verdict.rejected, proposal.live, proposal.fixed)
         return verdict
 
@@ -100,7 +116,9 @@ def score_paths(runner: ModelRunner, tokens: list[int], drafts: torch.Tensor, tr
     if any(len(p) != depth for p in paths):
         raise ValueError("scoring one cache row per path needs every leaf at the same depth")
     runner.commit(len(tokens), sources=[0] * len(paths))  # one copy of the cache per path
-    logits = runner.feed([tokens] * len(paths), Entries.chain(drafts[torch.tensor(paths, device=drafts.device)]))  # [K, 1 + depth, V]
+    logits = runner.feed(
+        [tokens] * len(paths), Entries.chain(drafts[torch.tensor(paths, device=drafts.device)])
+    )  # [K, 1 + depth, V]
     row_of: dict[int, int] = {}  # node -> the first path (cache row) holding it
     for r, path in enumerate(paths):
         for g in path:
@@ -123,35 +141,93 @@ def node_rule(verifier: str, replacement: bool):
     return recursive_rejection if replacement else without_replacement_rejection
 
 
-def decode_mcsd(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
-                factors: str | None, replacement: bool, tree_attention: bool, verifier: str, drafter: str,
-                min_ngram: int, max_ngram: int) -> None:
+def decode_mcsd(
+    s: Session,
+    *,
+    k_config: str,
+    tree,
+    acceptance: str | None,
+    adapt: bool,
+    overhead: str | None,
+    factors: str | None,
+    replacement: bool,
+    tree_attention: bool,
+    verifier: str,
+    drafter: str,
+    min_ngram: int,
+    max_ngram: int,
+) -> None:
     if not tree_attention and drafter != "model":
-        raise ValueError("tree_attention=false (one cache row per path) needs drafter=model: copied branches "
-                         "have paths of different lengths")
+        raise ValueError(
+            "tree_attention=false (one cache row per path) needs drafter=model: copied branches "
+            "have paths of different lengths"
+        )
     if not tree_attention and tree is not None:
-        raise ValueError("tree_attention=false (one cache row per path) takes k-config trees only: every leaf "
-                         "must be at one depth")
-    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead, factors), replacement,
-                 node_rule(verifier, replacement), drafter, min_ngram, max_ngram, tree_attention)
+        raise ValueError(
+            "tree_attention=false (one cache row per path) takes k-config trees only: every leaf must be at one depth"
+        )
+    _decode_tree(
+        s,
+        k_config,
+        tree,
+        AutoSettings(acceptance, adapt, overhead, factors),
+        replacement,
+        node_rule(verifier, replacement),
+        drafter,
+        min_ngram,
+        max_ngram,
+        tree_attention,
+    )
 
 
-def decode_specinfer(s: Session, *, k_config: str, tree, acceptance: str | None, adapt: bool, overhead: str | None,
-                     factors: str | None, replacement: bool, drafter: str, min_ngram: int, max_ngram: int) -> None:
-    _decode_tree(s, k_config, tree, AutoSettings(acceptance, adapt, overhead, factors), replacement,
-                 node_rule("mcss", replacement), drafter, min_ngram, max_ngram)
+def decode_specinfer(
+    s: Session,
+    *,
+    k_config: str,
+    tree,
+    acceptance: str | None,
+    adapt: bool,
+    overhead: str | None,
+    factors: str | None,
+    replacement: bool,
+    drafter: str,
+    min_ngram: int,
+    max_ngram: int,
+) -> None:
+    _decode_tree(
+        s,
+        k_config,
+        tree,
+        AutoSettings(acceptance, adapt, overhead, factors),
+        replacement,
+        node_rule("mcss", replacement),
+        drafter,
+        min_ngram,
+        max_ngram,
+    )
 
 
 class AutoSettings(NamedTuple):
     """tree=auto's own parameters, as given."""
+
     acceptance: str | None
     adapt: bool
     overhead: str | None
     factors: str | None
 
 
-def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, replacement: bool, rule,
-                 drafter: str, min_ngram: int, max_ngram: int, tree_attention: bool = True) -> None:
+def _decode_tree(
+    s: Session,
+    k_config: str,
+    tree,
+    auto_settings: AutoSettings,
+    replacement: bool,
+    rule,
+    drafter: str,
+    min_ngram: int,
+    max_ngram: int,
+    tree_attention: bool = True,
+) -> None:
     if tree != "auto":
         for name, value, unset in zip(AutoSettings._fields, auto_settings, (None, False, None, None), strict=True):
             if value != unset:
@@ -165,14 +241,23 @@ def _decode_tree(s: Session, k_config: str, tree, auto_settings: AutoSettings, r
         raise ValueError("tree=auto needs drafter=model: it shapes the draft model's tree from its acceptance")
     draft = s.draft_model
     factors = parse_factors(auto_settings.factors)
-    auto = AutoTree(proposer, lambda: s.ranks.setdefault(key, RankAcceptance()), forward_cost(s.target_model),
-                    forward_cost(draft, batch_invariant=False), s.forward_seconds,
-                    lambda context: len(context) - s.target.committed, parse_acceptance(auto_settings.acceptance),
-                    tree_cost=forward_cost(s.target_model, masked=True),
-                    overhead=parse_overhead(auto_settings.overhead), factors=factors, adapt=auto_settings.adapt,
-                    one_time=s.one_time_seconds, chain=make_drafter("model", s, tree=False),
-                    draft_behind=lambda context: len(context) - (s.draft.committed if s.draft is not None else 0),
-                    budget=s.budget)
+    auto = AutoTree(
+        proposer,
+        lambda: s.ranks.setdefault(key, RankAcceptance()),
+        forward_cost(s.target_model),
+        forward_cost(draft, batch_invariant=False),
+        s.forward_seconds,
+        lambda context: len(context) - s.target.committed,
+        parse_acceptance(auto_settings.acceptance),
+        tree_cost=forward_cost(s.target_model, masked=True),
+        overhead=parse_overhead(auto_settings.overhead),
+        factors=factors,
+        adapt=auto_settings.adapt,
+        one_time=s.one_time_seconds,
+        chain=make_drafter("model", s, tree=False),
+        draft_behind=lambda context: len(context) - (s.draft.committed if s.draft is not None else 0),
+        budget=s.budget,
+    )
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))
 
@@ -203,8 +288,10 @@ def parse_acceptance(text: str | None) -> list[float] | list[list[float]] | None
         except ValueError:
             rates = []
         if not rates or any(not 0 <= r <= 1 for r in rates):
-            raise ValueError("acceptance must be rates in [0, 1] separated by '/' (rank 0 first), rows per depth "
-                             f"separated by ';', got {text!r}")
+            raise ValueError(
+                "acceptance must be rates in [0, 1] separated by '/' (rank 0 first), rows per depth "
+                f"separated by ';', got {text!r}"
+            )
         rows.append(rates)
     return rows[0] if len(rows) == 1 else rows
 
@@ -224,8 +311,10 @@ def parse_overhead(text: str | None) -> tuple[float, float, float, float, float]
         return OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR, OVERHEAD_PRIOR, 0.0
     values = _numbers(text)
     if len(values) not in (1, 2, 3, 5) or any(not (v >= 0 and v < float("inf")) for v in values):
-        raise ValueError("overhead must be milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E' (per tree iteration / "
-                         f"per node / per plain step / per chain iteration / per chain node, >= 0), got {text!r}")
+        raise ValueError(
+            "overhead must be milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E' (per tree iteration / "
+            f"per node / per plain step / per chain iteration / per chain node, >= 0), got {text!r}"
+        )
     per_node = values[1] if len(values) > 1 else 0.0
     plain = values[2] / 1000 if len(values) >= 3 else min(values[0] / 1000, PLAIN_OVERHEAD_PRIOR)
     chain = (values[3], values[4]) if len(values) == 5 else (values[0], per_node)
@@ -239,8 +328,10 @@ def parse_factors(text: str | None) -> Factors | None:
         return None
     values = _numbers(text)
     if len(values) not in (3, 5) or any(not (0.05 <= v <= 20) for v in values):
-        raise ValueError("factors must be 'P/C/T' or 'P/C/T/CD/TD', measured over calibrated forward seconds in "
-                         f"[0.05, 20], got {text!r}")
+        raise ValueError(
+            "factors must be 'P/C/T' or 'P/C/T/CD/TD', measured over calibrated forward seconds in "
+            f"[0.05, 20], got {text!r}"
+        )
     return Factors(*values)
 
 
@@ -266,72 +357,149 @@ def _check_acceptance(value) -> bool:
     return True
 
 
-TREE = Param(object, None, _check_tree, "'auto', a JSON list of parent indices or nested lists, or a JSON file of "
-             "one", file=True, help="any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
-             "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
-             "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia); "
-             "a server takes the list inline, never a file")
-ACCEPTANCE = Param(str, None, _check_acceptance, "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1, or a row "
-                   "per depth separated by ';', e.g. '0.5/0.2;0.6/0.3'",
-                   "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
-                   "(multispec tune writes it into plan files)")
-ADAPT = Param(bool, False, rule="true or false",
-              help="tree=auto: also follow this call's measured forward and per-iteration times (the same law, "
-                   "but the same seed may then give other tokens)")
-OVERHEAD = Param(str, None, _check_overhead,
-                 "milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E', e.g. 1.5/0.05/0.4/0.5/0.2",
-                 "tree=auto's work besides forwards: A ms per tree iteration + B ms per node, C ms per plain step, "
-                 f"D ms per chain iteration + E per chain node (default {OVERHEAD_PRIOR * 1000:g}/0/"
-                 f"{PLAIN_OVERHEAD_PRIOR * 1000:g}; without C, min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); without "
-                 "D/E, A/B; multispec tune writes the measured ones into plan files)")
-FACTORS = Param(str, None, _check_factors, "'P/C/T' or 'P/C/T/CD/TD', e.g. 0.9/1.05/1.1/0.8/1.0",
-                "tree=auto's measured over calibrated forward seconds: the target in a plain step, a chain and a "
-                "tree (against the masked forward's curve), the draft in a chain and a tree (default 1; multispec "
-                "tune writes them into plan files)")
+TREE = Param(
+    object,
+    None,
+    _check_tree,
+    "'auto', a JSON list of parent indices or nested lists, or a JSON file of one",
+    file=True,
+    help="any tree instead of the k-config: a JSON file (a list of parent indices, -1 for the root's children, "
+    "or nested lists of children); auto: the tree with the most tokens per second, chosen each iteration "
+    "from the acceptance by sibling rank so far and the measured forward costs (optimal trees, Sequoia); "
+    "a server takes the list inline, never a file",
+)
+ACCEPTANCE = Param(
+    str,
+    None,
+    _check_acceptance,
+    "rates in [0, 1] separated by '/', e.g. 0.6/0.2/0.1, or a row per depth separated by ';', e.g. '0.5/0.2;0.6/0.3'",
+    "tree=auto's prior: acceptance of the rank-0, 1, ... child given the earlier ones were rejected "
+    "(multispec tune writes it into plan files)",
+)
+ADAPT = Param(
+    bool,
+    False,
+    rule="true or false",
+    help="tree=auto: also follow this call's measured forward and per-iteration times (the same law, "
+    "but the same seed may then give other tokens)",
+)
+OVERHEAD = Param(
+    str,
+    None,
+    _check_overhead,
+    "milliseconds 'A', 'A/B', 'A/B/C' or 'A/B/C/D/E', e.g. 1.5/0.05/0.4/0.5/0.2",
+    "tree=auto's work besides forwards: A ms per tree iteration + B ms per node, C ms per plain step, "
+    f"D ms per chain iteration + E per chain node (default {OVERHEAD_PRIOR * 1000:g}/0/"
+    f"{PLAIN_OVERHEAD_PRIOR * 1000:g}; without C, min(A, {PLAIN_OVERHEAD_PRIOR * 1000:g}); without "
+    "D/E, A/B; multispec tune writes the measured ones into plan files)",
+)
+FACTORS = Param(
+    str,
+    None,
+    _check_factors,
+    "'P/C/T' or 'P/C/T/CD/TD', e.g. 0.9/1.05/1.1/0.8/1.0",
+    "tree=auto's measured over calibrated forward seconds: the target in a plain step, a chain and a "
+    "tree (against the masked forward's curve), the draft in a chain and a tree (default 1; multispec "
+    "tune writes them into plan files)",
+)
 
 
-def decode_batch(s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int,
-                 max_ngram: int) -> None:
+def decode_batch(
+    s: Session, *, drafts: int, gamma: int, bonus: bool, drafter: str, min_ngram: int, max_ngram: int
+) -> None:
     """`batch-sd`: M chains drawn independently from the root; the batch rule of Yin et al. (recursive
     rejection on the first tokens, then the chosen chain alone) is Algorithm 1 on the tree of branching
     (M, 1, ..., 1). A copying drafter proposes its copied chain (`suffix`: up to M distinct ones)."""
     proposer = make_drafter(drafter, s, tree=True, replacement=True, min_ngram=min_ngram, max_ngram=max_ngram)
-    speculate_tree(s, proposer, (drafts,) + (1,) * (gamma - 1), recursive_rejection, bonus=bonus,
-                   drafted_per_depth=drafts, rank_key=f"{drafter if drafter != 'hybrid' else 'model'}/"
-                                                     f"{draw_mode(s, True)}")
+    speculate_tree(
+        s,
+        proposer,
+        (drafts,) + (1,) * (gamma - 1),
+        recursive_rejection,
+        bonus=bonus,
+        drafted_per_depth=drafts,
+        rank_key=f"{drafter if drafter != 'hybrid' else 'model'}/{draw_mode(s, True)}",
+    )
 
 
 def replacement_param(default: bool, help: str) -> Param:
-    return Param(bool, default, rule="true or false",
-                 help=help + "; at temperature 0 the children are the draft's top-k distinct tokens either way "
-                             "(i.i.d. argmax draws would all be one token, which MCSD §4.5 notes degenerates to sd)")
+    return Param(
+        bool,
+        default,
+        rule="true or false",
+        help=help + "; at temperature 0 the children are the draft's top-k distinct tokens either way "
+        "(i.i.d. argmax draws would all be one token, which MCSD §4.5 notes degenerates to sd)",
+    )
 
 
-register(Method("batch-sd", decode_batch, needs_draft=True, exact="equals ar in distribution",
-                summary="M independent draft chains verified together (batch SD of Yin et al., 2024)",
-                params={"drafts": size(4, MAX_ROWS, "number of draft chains M"),
-                        "gamma": size(4, MAX_DEPTH, "drafts per chain"),
-                        "bonus": BONUS,
-                        **drafter_params(tree=True)}))
-register(Method("mcsd", decode_mcsd, needs_draft=True, exact="equals ar in distribution",
-                summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
-                params={"k_config": k_config_param("4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of "
-                                                   "the root, 2 of each"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
-                        "factors": FACTORS,
-                        "replacement": replacement_param(False, "i.i.d. children (Algorithm 1) or draws without "
-                                                                "replacement in draw order (Algorithm 2)"),
-                        "tree_attention": Param(bool, True, rule="true or false",
-                                                help="score the tree in one masked row; false: one batch row of "
-                                                     "copied caches per root-to-leaf path (ablation)"),
-                        "verifier": Param(str, "mcss", lambda v: v in ("mcss", "naive"), "'mcss' or 'naive'",
-                                          "multi-candidate speculative sampling, or the naive MCNS baseline"),
-                        **drafter_params(tree=True)}))
-register(Method("specinfer", decode_specinfer, needs_draft=True, exact="equals ar in distribution",
-                summary="SpecInfer's multi-step speculative sampling on its expansion tree",
-                params={"k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at "
-                                                   "each depth"),
-                        "tree": TREE, "acceptance": ACCEPTANCE, "adapt": ADAPT, "overhead": OVERHEAD,
-                        "factors": FACTORS,
-                        "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
-                        **drafter_params(tree=True)}))
+register(
+    Method(
+        "batch-sd",
+        decode_batch,
+        needs_draft=True,
+        exact="equals ar in distribution",
+        summary="M independent draft chains verified together (batch SD of Yin et al., 2024)",
+        params={
+            "drafts": size(4, MAX_ROWS, "number of draft chains M"),
+            "gamma": size(4, MAX_DEPTH, "drafts per chain"),
+            "bonus": BONUS,
+            **drafter_params(tree=True),
+        },
+    )
+)
+register(
+    Method(
+        "mcsd",
+        decode_mcsd,
+        needs_draft=True,
+        exact="equals ar in distribution",
+        summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
+        params={
+            "k_config": k_config_param(
+                "4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of the root, 2 of each"
+            ),
+            "tree": TREE,
+            "acceptance": ACCEPTANCE,
+            "adapt": ADAPT,
+            "overhead": OVERHEAD,
+            "factors": FACTORS,
+            "replacement": replacement_param(
+                False, "i.i.d. children (Algorithm 1) or draws without replacement in draw order (Algorithm 2)"
+            ),
+            "tree_attention": Param(
+                bool,
+                True,
+                rule="true or false",
+                help="score the tree in one masked row; false: one batch row of "
+                "copied caches per root-to-leaf path (ablation)",
+            ),
+            "verifier": Param(
+                str,
+                "mcss",
+                lambda v: v in ("mcss", "naive"),
+                "'mcss' or 'naive'",
+                "multi-candidate speculative sampling, or the naive MCNS baseline",
+            ),
+            **drafter_params(tree=True),
+        },
+    )
+)
+register(
+    Method(
+        "specinfer",
+        decode_specinfer,
+        needs_draft=True,
+        exact="equals ar in distribution",
+        summary="SpecInfer's multi-step speculative sampling on its expansion tree",
+        params={
+            "k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at each depth"),
+            "tree": TREE,
+            "acceptance": ACCEPTANCE,
+            "adapt": ADAPT,
+            "overhead": OVERHEAD,
+            "factors": FACTORS,
+            "replacement": replacement_param(True, "i.i.d. children, or draws without replacement"),
+            **drafter_params(tree=True),
+        },
+    )
+)

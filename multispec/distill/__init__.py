@@ -52,8 +52,9 @@ class DistillConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None, resume: bool = False,
-            say=print, bar=None) -> dict:
+def distill(
+    target, out: Path, cfg: DistillConfig, data_dir: Path | None = None, resume: bool = False, say=print, bar=None
+) -> dict:
     """Generate (or reuse) the teacher data, build the draft, train it; returns the last evaluation."""
     out.mkdir(parents=True, exist_ok=True)
     if (out / "checkpoint.pt").exists() and not resume:
@@ -61,9 +62,13 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     data_dir = data_dir or default_data_dir()
     if cfg.init_from is not None:  # checked before the (long) generation
         start = _load_draft(Path(cfg.init_from), target)
-        if (cfg.layers or 10**9) < start.config.num_hidden_layers or (cfg.intermediate or 0) > start.config.intermediate_size:
-            raise ValueError(f"--init-from {cfg.init_from} has {start.config.num_hidden_layers} layers with MLP "
-                             f"{start.config.intermediate_size}; reshaping only adds layers and narrows the MLP")
+        if (cfg.layers or 10**9) < start.config.num_hidden_layers or (
+            cfg.intermediate or 0
+        ) > start.config.intermediate_size:
+            raise ValueError(
+                f"--init-from {cfg.init_from} has {start.config.num_hidden_layers} layers with MLP "
+                f"{start.config.intermediate_size}; reshaping only adds layers and narrows the MLP"
+            )
     extra = []
     for folder in cfg.extra_data:
         shards = existing_shards(Path(folder))
@@ -75,8 +80,10 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
         # earlier runs' pools may have held prompts that copy MT-Bench's wording: keep those out
         contaminated = Contamination.mt_bench(data_dir)
         kept = [r for r in extra_rows if not contaminated(target.tokenizer.decode(r["prompt_ids"].tolist()))]
-        say(f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
-            "their prompts share wording with MT-Bench)")
+        say(
+            f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
+            "their prompts share wording with MT-Bench)"
+        )
         extra_rows = kept
 
     teacher = _teacher(target, cfg.teacher_dtype)
@@ -86,8 +93,10 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     if answered:  # tokenising the whole pool is only needed to match it against extra data
         pool = [p for p in pool if tuple(target.encode(p, chat=True)) not in answered]
     if len(pool) < cfg.prompts + cfg.heldout_prompts:
-        raise ValueError(f"the prompt pool has {len(pool)} prompts not answered by --extra-data, fewer than "
-                         f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out")
+        raise ValueError(
+            f"the prompt pool has {len(pool)} prompts not answered by --extra-data, fewer than "
+            f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out"
+        )
     train_prompts = pool[: cfg.prompts]
     heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
     heldout_self = []
@@ -101,17 +110,38 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     def gen_progress(label):
         return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
 
-    train_paths = build_dataset(teacher, train_prompts, out / "data", cfg.gen_batch, cfg.max_new_tokens,
-                                seed=cfg.train.seed, progress=gen_progress("teacher answers"))
-    held_paths = build_dataset(teacher, heldout, out / "heldout", cfg.gen_batch, cfg.max_new_tokens,
-                               seed=cfg.train.seed + 10_000, progress=gen_progress("held-out answers"))
-    self_paths = build_dataset(teacher, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens,
-                               seed=cfg.train.seed + 30_000) if heldout_self else []
+    train_paths = build_dataset(
+        teacher,
+        train_prompts,
+        out / "data",
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed,
+        progress=gen_progress("teacher answers"),
+    )
+    held_paths = build_dataset(
+        teacher,
+        heldout,
+        out / "heldout",
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed + 10_000,
+        progress=gen_progress("held-out answers"),
+    )
+    self_paths = (
+        build_dataset(
+            teacher, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens, seed=cfg.train.seed + 30_000
+        )
+        if heldout_self
+        else []
+    )
     train_rows, eval_rows = load_rows(train_paths) + extra_rows, load_rows(held_paths)
     self_rows = load_rows(self_paths)
     n_tokens = sum(len(r["ids"]) for r in train_rows)
-    say(f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
-        + (f", and {len(self_rows)} to self-written prompts" if self_rows else ""))
+    say(
+        f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
+        + (f", and {len(self_rows)} to self-written prompts" if self_rows else "")
+    )
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
     more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
 
@@ -127,38 +157,69 @@ def distill(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None,
     else:
         # a sliced draft inherits the target's whole MLP; a narrower one keeps the units that contribute most
         prune = cfg.init == "sliced" and cfg.intermediate and cfg.intermediate < target.model.config.intermediate_size
-        config = draft_config(target.model.config, cfg.hidden, cfg.layers or 4, cfg.heads, cfg.kv_heads,
-                              intermediate=None if prune else cfg.intermediate)
+        config = draft_config(
+            target.model.config,
+            cfg.hidden,
+            cfg.layers or 4,
+            cfg.heads,
+            cfg.kv_heads,
+            intermediate=None if prune else cfg.intermediate,
+        )
         draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
         if prune:
             draft = reshape_draft(draft, config.num_hidden_layers, cfg.intermediate, samples, seed=cfg.train.seed)
         how = f"{cfg.init} init"
     n_params = sum(p.numel() for p in draft.parameters())
-    say(f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
+    say(
+        f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
         f"{draft.config.intermediate_size} ({how}), "
-        f"{n_params / 1e6:.1f} M parameters")
+        f"{n_params / 1e6:.1f} M parameters"
+    )
     if cfg.on_policy:
         train_rows = train_rows + _on_policy_rows(draft, teacher, train_rows, out / "on-policy", cfg, say, gen_progress)
     del teacher  # the held-out measures are against the target itself
     step_bar = None if bar is None else bar("training")
-    last = train(draft, target.tokenizer, train_rows, eval_rows, eval_probs, out, cfg.train, resume=resume,
-                 say=say, progress=step_bar, more_evals=more_evals)
+    last = train(
+        draft,
+        target.tokenizer,
+        train_rows,
+        eval_rows,
+        eval_probs,
+        out,
+        cfg.train,
+        resume=resume,
+        say=say,
+        progress=step_bar,
+        more_evals=more_evals,
+    )
     export(draft, target.tokenizer, out / "draft")
     say(f"draft saved to {out / 'draft'}")
     return last
 
 
-def _on_policy_rows(draft, teacher, train_rows: list[dict], folder: Path, cfg: DistillConfig, say, progress) -> list[dict]:
+def _on_policy_rows(
+    draft, teacher, train_rows: list[dict], folder: Path, cfg: DistillConfig, say, progress
+) -> list[dict]:
     """The starting draft answers `cfg.on_policy` of the training prompts (a seeded choice, each prompt once)."""
     prompts = list({tuple(r["prompt_ids"].tolist()): None for r in train_rows})
     random.Random(cfg.train.seed + 40_000).shuffle(prompts)
     chosen = [list(p) for p in prompts[: cfg.on_policy]]
-    paths = build_on_policy(draft, teacher, chosen, folder, cfg.gen_batch, cfg.max_new_tokens,
-                            seed=cfg.train.seed + 50_000, progress=progress("draft answers"))
+    paths = build_on_policy(
+        draft,
+        teacher,
+        chosen,
+        folder,
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed + 50_000,
+        progress=progress("draft answers"),
+    )
     rows = load_rows(paths)
-    say(f"on-policy data: the draft answered {len(chosen)} training prompts"
+    say(
+        f"on-policy data: the draft answered {len(chosen)} training prompts"
         + (f" (all there are; {cfg.on_policy} asked)" if len(chosen) < cfg.on_policy else "")
-        + f", {len(rows)} answers of 2+ tokens, {sum(len(r['ids']) for r in rows)} tokens, scored by the target")
+        + f", {len(rows)} answers of 2+ tokens, {sum(len(r['ids']) for r in rows)} tokens, scored by the target"
+    )
     return rows
 
 
@@ -191,12 +252,21 @@ def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, b
             if update is not None:
                 update(min(len(s["prompts"]), wanted), wanted)
 
-        prompts = self_written_prompts(target, wanted, cfg.gen_batch, seed=cfg.train.seed + 20_000,
-                                       keep=lambda text: not contaminated(text), state=state, on_batch=save)
+        prompts = self_written_prompts(
+            target,
+            wanted,
+            cfg.gen_batch,
+            seed=cfg.train.seed + 20_000,
+            keep=lambda text: not contaminated(text),
+            state=state,
+            on_batch=save,
+        )
         state = {"done": True, "prompts": prompts}
         save(state)
-    say(f"self-written prompts: {len(state['prompts'])} (of {wanted} asked: {cfg.self_prompts} to train on, "
-        f"{cfg.heldout_prompts} to hold out), in {path}")
+    say(
+        f"self-written prompts: {len(state['prompts'])} (of {wanted} asked: {cfg.self_prompts} to train on, "
+        f"{cfg.heldout_prompts} to hold out), in {path}"
+    )
     return state["prompts"]
 
 

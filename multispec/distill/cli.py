@@ -31,8 +31,14 @@ def run(args) -> int:
         if pair.draft is None:
             raise ValueError("--eval needs a draft: pass --draft")
         bar = tqdm(total=len(prompts), desc="eval", unit="prompt", file=sys.stderr, disable=args.json)
-        report = evaluate_pair(pair.target, pair.draft, prompts, max_new_tokens=args.eval_tokens,
-                               progress=lambda i, n: bar.update(1), categories=categories if args.spread else None)
+        report = evaluate_pair(
+            pair.target,
+            pair.draft,
+            prompts,
+            max_new_tokens=args.eval_tokens,
+            progress=lambda i, n: bar.update(1),
+            categories=categories if args.spread else None,
+        )
         bar.close()
         if args.json:
             print(json.dumps({"models": pair.description, **report}))
@@ -45,8 +51,7 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
-    _positive(args, "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "eval-every",
-              "checkpoint-every")
+    _positive(args, "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "eval-every", "checkpoint-every")
     for name in ("self-prompts", "on-policy"):
         if getattr(args, name.replace("-", "_")) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(args, name.replace('-', '_'))}")
@@ -60,12 +65,30 @@ def run(args) -> int:
     if args.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     cfg = DistillConfig(
-        prompts=args.prompts, self_prompts=args.self_prompts, on_policy=args.on_policy, gen_batch=args.gen_batch, max_new_tokens=args.max_new_tokens, hidden=args.hidden,
-        layers=args.layers, intermediate=args.intermediate, heads=args.heads, kv_heads=args.kv_heads, init=args.init,
+        prompts=args.prompts,
+        self_prompts=args.self_prompts,
+        on_policy=args.on_policy,
+        gen_batch=args.gen_batch,
+        max_new_tokens=args.max_new_tokens,
+        hidden=args.hidden,
+        layers=args.layers,
+        intermediate=args.intermediate,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        init=args.init,
         extra_data=[Path(x) for x in args.extra_data],
-        init_from=Path(args.init_from) if args.init_from else None, teacher_dtype=args.teacher_dtype,
-        train=TrainConfig(steps=args.steps, minutes=args.minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
-                          eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, dtype=args.train_dtype),
+        init_from=Path(args.init_from) if args.init_from else None,
+        teacher_dtype=args.teacher_dtype,
+        train=TrainConfig(
+            steps=args.steps,
+            minutes=args.minutes,
+            batch_tokens=args.batch_tokens,
+            lr=args.lr,
+            seed=args.seed,
+            eval_every=args.eval_every,
+            checkpoint_every=args.checkpoint_every,
+            dtype=args.train_dtype,
+        ),
     )
     target = load_model(args.target)
     if target.tokenizer is None:
@@ -82,9 +105,11 @@ def run(args) -> int:
                 b.set_postfix(loss=f"{rest[0]:.3f}", refresh=False)
             if i >= n:
                 b.close()
+
         return update
 
-    last = distill(target, out, cfg, data_dir=data_dir, resume=args.resume,
-                   say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar)
+    last = distill(
+        target, out, cfg, data_dir=data_dir, resume=args.resume, say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar
+    )
     print(json.dumps({"draft": str(out / "draft"), **last}))
     return 0

@@ -42,8 +42,16 @@ def step_cost(model, prompt_ids: list[int], steps: int = 32, repeats: int = 3) -
     return statistics.median(times)
 
 
-def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, gammas=(1, 2, 3, 4, 5, 6, 8),
-                  seed: int = 0, progress=None, categories: list[str] | None = None) -> dict:
+def evaluate_pair(
+    target,
+    draft,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    gammas=(1, 2, 3, 4, 5, 6, 8),
+    seed: int = 0,
+    progress=None,
+    categories: list[str] | None = None,
+) -> dict:
     """`categories` (one per prompt) adds the two acceptance measures by category."""
     if categories is not None and len(categories) != len(prompts):
         raise ValueError(f"{len(categories)} categories for {len(prompts)} prompts")
@@ -53,8 +61,16 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
     tokens = {"t1": 0, "t0": 0}
     for i, prompt in enumerate(prompts):
         for key, temperature in (("t1", 1.0), ("t0", 0.0)):
-            ref = generate(target, None, prompt, method="ar", temperature=temperature,
-                           max_new_tokens=max_new_tokens, seed=seed + i, score=False)
+            ref = generate(
+                target,
+                None,
+                prompt,
+                method="ar",
+                temperature=temperature,
+                max_new_tokens=max_new_tokens,
+                seed=seed + i,
+                score=False,
+            )
             if not ref.token_ids:
                 continue
             seq, start = ref.prompt_ids + ref.token_ids, len(ref.prompt_ids)
@@ -89,8 +105,11 @@ def evaluate_pair(target, draft, prompts: list[str], max_new_tokens: int = 64, g
     }
     if categories is not None:
         report["by_category"] = {
-            c: {"prompts": categories.count(c), "one_minus_tv": float(np.mean(v["t1"])) if v["t1"] else None,
-                "greedy_agreement": float(np.mean(v["t0"])) if v["t0"] else None}
+            c: {
+                "prompts": categories.count(c),
+                "one_minus_tv": float(np.mean(v["t1"])) if v["t1"] else None,
+                "greedy_agreement": float(np.mean(v["t0"])) if v["t0"] else None,
+            }
             for c, v in by_category.items()
         }
     return report

@@ -25,15 +25,24 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def draft_config(target_config, hidden: int = 192, layers: int = 4, heads: int | None = None,
-                 kv_heads: int | None = None, intermediate: int | None = None, head_dim: int | None = None) -> LlamaConfig:
+def draft_config(
+    target_config,
+    hidden: int = 192,
+    layers: int = 4,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    head_dim: int | None = None,
+) -> LlamaConfig:
     """The draft's config; heads, kv heads, head width and MLP width default to the target's."""
     heads = heads or target_config.num_attention_heads
     kv_heads = kv_heads or target_config.num_key_value_heads
     if heads % kv_heads:
         raise ValueError(f"--heads {heads} must be divisible by --kv-heads {kv_heads}")
-    rope = getattr(target_config, "rope_parameters", None) or {"rope_type": "default",
-                                                               "rope_theta": getattr(target_config, "rope_theta", 10000.0)}
+    rope = getattr(target_config, "rope_parameters", None) or {
+        "rope_type": "default",
+        "rope_theta": getattr(target_config, "rope_theta", 10000.0),
+    }
     return LlamaConfig(
         vocab_size=target_config.vocab_size,
         hidden_size=hidden,
@@ -41,7 +50,9 @@ def draft_config(target_config, hidden: int = 192, layers: int = 4, heads: int |
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=head_dim or getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads,
+        head_dim=head_dim
+        or getattr(target_config, "head_dim", None)
+        or target_config.hidden_size // target_config.num_attention_heads,
         max_position_embeddings=target_config.max_position_embeddings,
         rope_parameters=dict(rope),
         rms_norm_eps=target_config.rms_norm_eps,
@@ -70,11 +81,19 @@ def residual_basis(target_model, samples: list[torch.Tensor], layers: int) -> to
 
 def _check_sliceable(target_model, config: LlamaConfig) -> None:
     t = target_model.config
-    if getattr(t, "model_type", None) != "llama" or getattr(t, "attention_bias", False) or getattr(t, "mlp_bias", False):
+    if (
+        getattr(t, "model_type", None) != "llama"
+        or getattr(t, "attention_bias", False)
+        or getattr(t, "mlp_bias", False)
+    ):
         raise ValueError("the sliced initialisation needs a Llama-style target without biases; use init='embeddings'")
     own = (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size)
-    theirs = (t.num_attention_heads, t.num_key_value_heads, getattr(t, "head_dim", t.hidden_size // t.num_attention_heads),
-              t.intermediate_size)
+    theirs = (
+        t.num_attention_heads,
+        t.num_key_value_heads,
+        getattr(t, "head_dim", t.hidden_size // t.num_attention_heads),
+        t.intermediate_size,
+    )
     if own != theirs:
         raise ValueError(f"the sliced initialisation keeps the target's heads and MLP width {theirs}, got {own}")
     if config.num_hidden_layers > t.num_hidden_layers or config.hidden_size > t.hidden_size:
@@ -82,8 +101,9 @@ def _check_sliceable(target_model, config: LlamaConfig) -> None:
 
 
 @torch.no_grad()
-def build_draft(target_model, config: LlamaConfig, seed: int = 0, init: str = "sliced",
-                samples: list[torch.Tensor] | None = None) -> LlamaForCausalLM:
+def build_draft(
+    target_model, config: LlamaConfig, seed: int = 0, init: str = "sliced", samples: list[torch.Tensor] | None = None
+) -> LlamaForCausalLM:
     """A fresh draft for `target_model`; `samples` (token id tensors) set the residual basis of "sliced"."""
     torch.manual_seed(seed)
     draft = LlamaForCausalLM(config).float()
@@ -139,6 +159,7 @@ def mlp_importance(draft, samples: list[torch.Tensor]) -> list[torch.Tensor]:
     def hook(i):
         def record(module, inputs, output):  # returns None: the layer's output is left alone
             totals[i].add_(inputs[0].detach().float().abs().flatten(0, -2).sum(0))
+
         return record
 
     hooks = [layer.mlp.down_proj.register_forward_hook(hook(i)) for i, layer in enumerate(draft.model.layers)]
@@ -148,7 +169,9 @@ def mlp_importance(draft, samples: list[torch.Tensor]) -> list[torch.Tensor]:
     finally:
         for h in hooks:
             h.remove()
-    return [t * layer.mlp.down_proj.weight.float().norm(dim=0) for t, layer in zip(totals, draft.model.layers, strict=True)]
+    return [
+        t * layer.mlp.down_proj.weight.float().norm(dim=0) for t, layer in zip(totals, draft.model.layers, strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -161,11 +184,15 @@ def reshape_draft(draft, layers: int, intermediate: int, samples: list[torch.Ten
     """
     old = draft.config
     if layers < old.num_hidden_layers:
-        raise ValueError(f"--layers {layers} is fewer than the {old.num_hidden_layers} layers of the draft being "
-                         "continued; reshaping only adds layers")
+        raise ValueError(
+            f"--layers {layers} is fewer than the {old.num_hidden_layers} layers of the draft being "
+            "continued; reshaping only adds layers"
+        )
     if intermediate > old.intermediate_size:
-        raise ValueError(f"--intermediate {intermediate} is wider than the draft's MLP ({old.intermediate_size}); "
-                         "reshaping only narrows it")
+        raise ValueError(
+            f"--intermediate {intermediate} is wider than the draft's MLP ({old.intermediate_size}); "
+            "reshaping only narrows it"
+        )
     if intermediate < 1:
         raise ValueError(f"--intermediate must be >= 1, got {intermediate}")
     keep = [s.topk(intermediate).indices.sort().values for s in mlp_importance(draft, samples)]
@@ -177,7 +204,7 @@ def reshape_draft(draft, layers: int, intermediate: int, samples: list[torch.Ten
         for name in ("gate_proj", "up_proj"):
             state[f"model.layers.{i}.mlp.{name}.weight"] = state[f"model.layers.{i}.mlp.{name}.weight"][k]
         state[f"model.layers.{i}.mlp.down_proj.weight"] = state[f"model.layers.{i}.mlp.down_proj.weight"][:, k]
-    for layer in grown.model.layers[old.num_hidden_layers:]:
+    for layer in grown.model.layers[old.num_hidden_layers :]:
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
     missing, unexpected = grown.load_state_dict(state, strict=False)

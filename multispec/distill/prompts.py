@@ -65,8 +65,16 @@ def _chat_prompts(rng: random.Random, n: int) -> list[str]:
     out = []
     for _ in range(n):
         a, b = rng.choice(PAIRS)
-        out.append(rng.choice(CHAT_TEMPLATES).format(place=rng.choice(PLACES), persona=rng.choice(PERSONAS),
-                                                     concept=rng.choice(CONCEPTS), task=rng.choice(TASKS), a=a, b=b))
+        out.append(
+            rng.choice(CHAT_TEMPLATES).format(
+                place=rng.choice(PLACES),
+                persona=rng.choice(PERSONAS),
+                concept=rng.choice(CONCEPTS),
+                task=rng.choice(TASKS),
+                a=a,
+                b=b,
+            )
+        )
     return list(dict.fromkeys(out))  # drop repeats, keep the order
 
 
@@ -75,21 +83,30 @@ def _reasoning_prompts(rng: random.Random, n: int) -> list[str]:
     for _ in range(n):
         x, y, z = rng.sample(NAMES, 3)
         a, b, c = rng.randint(3, 30), rng.randint(3, 30), rng.randint(2, 9)
-        out.append(rng.choice([
-            f"{x} is older than {y}, and {y} is older than {z}. Who is the youngest? Explain your reasoning.",
-            f"A box holds {a} red and {b} blue balls. If I draw one ball at random, what is the probability it is "
-            "blue? Show your work.",
-            f"{x} has {a} apples and gives {c} to {y}, who then has twice as many as {z}. {z} has {b} apples. How many "
-            f"apples did {y} have at the start? Think step by step.",
-            f"If it takes {c} machines {c} minutes to make {c} widgets, how long would {a} machines take to make {a} "
-            "widgets? Explain.",
-            f"There are {a} people in a room and each shakes hands with every other person once. How many handshakes "
-            "are there? Explain.",
-            f"A shop raises a price by {a}% and then lowers it by {a}%. Is the final price the same as the original? "
-            "Explain with an example.",
-            f"{x} walks {a} km north, then {b} km east. How far is {x} from the start in a straight line?",
-            f"The average of {c} numbers is {a}. One number, {b}, is removed. What is the average of the rest?",
-        ]))
+        out.append(
+            rng.choice(
+                [
+                    f"{x} is older than {y}, and {y} is older than {z}. Who is the youngest? Explain your reasoning.",
+                    f"A box holds {a} red and {b} blue balls. If I draw one ball at random, what is the "
+                    f"probability it is "
+                    "blue? Show your work.",
+                    f"{x} has {a} apples and gives {c} to {y}, who then has twice as many as {z}. {z} has {b} "
+                    f"apples. How many "
+                    f"apples did {y} have at the start? Think step by step.",
+                    f"If it takes {c} machines {c} minutes to make {c} widgets, how long would {a} machines "
+                    f"take to make {a} "
+                    "widgets? Explain.",
+                    f"There are {a} people in a room and each shakes hands with every other person once. How "
+                    f"many handshakes "
+                    "are there? Explain.",
+                    f"A shop raises a price by {a}% and then lowers it by {a}%. Is the final price the same "
+                    f"as the original? "
+                    "Explain with an example.",
+                    f"{x} walks {a} km north, then {b} km east. How far is {x} from the start in a straight line?",
+                    f"The average of {c} numbers is {a}. One number, {b}, is removed. What is the average of the rest?",
+                ]
+            )
+        )
     return list(dict.fromkeys(out))
 
 
@@ -98,27 +115,41 @@ def _math_prompts(rng: random.Random, n: int) -> list[str]:
     for _ in range(n):
         a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 20)
         name = rng.choice(NAMES)
-        out.append(rng.choice([
-            f"What is {a} times {b}? Show your steps.",
-            f"{name} buys {c} notebooks at {a} cents each and pays with a {b + 100}-dollar bill. How much change "
-            "does {name} get? Explain.".replace("{name}", name),
-            f"Solve for x: {a}x + {b} = {a * c + b}.",
-            f"A train travels {a * 10} km in {c} hours. What is its average speed?",
-            f"What is the sum of the integers from 1 to {a}? Explain the method.",
-            f"Is {a * b + 1} a prime number? Explain how you checked.",
-        ]))
+        out.append(
+            rng.choice(
+                [
+                    f"What is {a} times {b}? Show your steps.",
+                    f"{name} buys {c} notebooks at {a} cents each and pays with a {b + 100}-dollar bill. How "
+                    f"much change "
+                    "does {name} get? Explain.".replace("{name}", name),
+                    f"Solve for x: {a}x + {b} = {a * c + b}.",
+                    f"A train travels {a * 10} km in {c} hours. What is its average speed?",
+                    f"What is the sum of the integers from 1 to {a}? Explain the method.",
+                    f"Is {a * b + 1} a prime number? Explain how you checked.",
+                ]
+            )
+        )
     return out
 
 
 def _coding_prompts() -> list[str]:
     tasks = [
-        "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
-        "counts the words in a text", "merges two sorted lists", "finds the largest element of a list",
-        "removes duplicates from a list while keeping the order", "computes the factorial of n",
-        "checks whether a string is a palindrome", "converts Celsius to Fahrenheit",
-        "returns the most common character in a string", "flattens a nested list",
-        "computes the greatest common divisor of two integers", "sorts a list of dictionaries by a key",
-        "reads a CSV file and prints the average of one column", "implements binary search",
+        "reverses a string",
+        "checks whether a number is prime",
+        "returns the n-th Fibonacci number",
+        "counts the words in a text",
+        "merges two sorted lists",
+        "finds the largest element of a list",
+        "removes duplicates from a list while keeping the order",
+        "computes the factorial of n",
+        "checks whether a string is a palindrome",
+        "converts Celsius to Fahrenheit",
+        "returns the most common character in a string",
+        "flattens a nested list",
+        "computes the greatest common divisor of two integers",
+        "sorts a list of dictionaries by a key",
+        "reads a CSV file and prints the average of one column",
+        "implements binary search",
     ]
     langs = ["Python", "JavaScript", "C++", "Java"]
     return [f"Write a {lang} function that {task}." for task in tasks for lang in langs]
@@ -130,12 +161,18 @@ def _extraction_prompts(rng: random.Random, n: int) -> list[str]:
         a, b = rng.sample(NAMES, 2)
         year = rng.randint(1950, 2023)
         topic = rng.choice(TOPICS)
-        out.append(rng.choice([
-            f"Extract the names and the year from this sentence: \"In {year}, {a} and {b} published a study on {topic}.\"",
-            f"Return a JSON object with the fields person and subject for: \"{a} gave a lecture about {topic}.\"",
-            f"List the key points of this note as bullets: \"{a} will present {topic} on Monday; {b} brings the slides; "
-            f"the budget is {rng.randint(100, 900)} euros.\"",
-        ]))
+        out.append(
+            rng.choice(
+                [
+                    f'Extract the names and the year from this sentence: "In {year}, {a} and {b} published a '
+                    f'study on {topic}."',
+                    f'Return a JSON object with the fields person and subject for: "{a} gave a lecture about {topic}."',
+                    f'List the key points of this note as bullets: "{a} will present {topic} on Monday; {b} '
+                    f"brings the slides; "
+                    f'the budget is {rng.randint(100, 900)} euros."',
+                ]
+            )
+        )
     return out
 
 
@@ -147,9 +184,16 @@ def _long_prompts(rng: random.Random, n: int) -> list[str]:
         kind = i % 9
         a, b, c, d = rng.sample(NAMES, 4)
         x, y, w = rng.randint(3, 40), rng.randint(2, 30), rng.randint(3, 12)
-        fill = dict(topic=rng.choice(TOPICS), concept=rng.choice(CONCEPTS), concept2=rng.choice(CONCEPTS),
-                    field=rng.choice(FIELDS), task=rng.choice(TASKS), hobby=rng.choice(HOBBIES),
-                    audience_plain=rng.choice(AUDIENCES)[4:], science=rng.choice(SCIENCE))
+        fill = dict(
+            topic=rng.choice(TOPICS),
+            concept=rng.choice(CONCEPTS),
+            concept2=rng.choice(CONCEPTS),
+            field=rng.choice(FIELDS),
+            task=rng.choice(TASKS),
+            hobby=rng.choice(HOBBIES),
+            audience_plain=rng.choice(AUDIENCES)[4:],
+            science=rng.choice(SCIENCE),
+        )
         if kind == 0:
             verb = rng.choice(["Write", "Compose", "Please write", "Could you write", "Help me write", "Create"])
             extra = " ".join(rng.sample(CONSTRAINTS, rng.randint(1, 3)))
@@ -171,8 +215,9 @@ def _long_prompts(rng: random.Random, n: int) -> list[str]:
             what = rng.choice(["function", "program", "class"])
             text = f"Write a {lang} {what} that {rng.choice(CODING_TASKS)}. {rng.choice(CODING_EXTRAS)}"
         elif kind == 6:
-            passage = rng.choice(PASSAGES).format(a=a, b=b, n=x, m=y, year=rng.randint(1990, 2024),
-                                                  street=rng.choice(STREETS), place=rng.choice(PLACES))
+            passage = rng.choice(PASSAGES).format(
+                a=a, b=b, n=x, m=y, year=rng.randint(1990, 2024), street=rng.choice(STREETS), place=rng.choice(PLACES)
+            )
             text = rng.choice(EXTRACTION_TASKS).format(text=passage)
         elif kind == 7:
             text = rng.choice(STEM_TEMPLATES).format(**fill)
@@ -208,9 +253,11 @@ def _data_prompts(rng: random.Random, n: int) -> list[str]:
             lines = []
             for firm in rng.sample(FIRMS, k):
                 revenue = rng.randint(20, 900)
-                lines.append(f"{firm}, led by {rng.choice(NAMES)} {rng.choice(SURNAMES)} from {rng.choice(PLACES)}, "
-                             f"reported revenue of ${revenue} million and a profit of ${rng.randint(1, revenue // 3)}"
-                             f" million in {rng.randint(2015, 2024)}, with {rng.randint(40, 9000)} staff.")
+                lines.append(
+                    f"{firm}, led by {rng.choice(NAMES)} {rng.choice(SURNAMES)} from {rng.choice(PLACES)}, "
+                    f"reported revenue of ${revenue} million and a profit of ${rng.randint(1, revenue // 3)}"
+                    f" million in {rng.randint(2015, 2024)}, with {rng.randint(40, 9000)} staff."
+                )
             text = rng.choice(RECORD_TASKS).format(text="\n".join(lines))
         elif kind == 1:
             lines = []
@@ -223,9 +270,11 @@ def _data_prompts(rng: random.Random, n: int) -> list[str]:
             lines, places = [], rng.sample(PLACES, k)
             for place in places:
                 title = f"The {rng.choice(TITLE_WORDS[0])} {rng.choice(TITLE_WORDS[1])}"
-                lines.append(f"In {title} ({rng.randint(1850, 2023)}), {rng.choice(NAMES)} {rng.choice(SURNAMES)} "
-                             f"follows {rng.choice(NAMES)}, {rng.choice(CHARACTERS)}, through {place} "
-                             f"in a story about {rng.choice(TOPICS)}.")
+                lines.append(
+                    f"In {title} ({rng.randint(1850, 2023)}), {rng.choice(NAMES)} {rng.choice(SURNAMES)} "
+                    f"follows {rng.choice(NAMES)}, {rng.choice(CHARACTERS)}, through {place} "
+                    f"in a story about {rng.choice(TOPICS)}."
+                )
             text = rng.choice(BOOK_TASKS).format(text="\n".join(lines), place=rng.choice(places))
         else:
             month = rng.choice(["January", "March", "June", "September"])

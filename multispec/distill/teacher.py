@@ -69,8 +69,13 @@ def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool
     torch.manual_seed(seed)
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     out = target.model.generate(
-        input_ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=max_new_tokens,
-        output_logits=True, return_dict_in_generate=True, pad_token_id=pad, **sampling,
+        input_ids.to(target.device),
+        attention_mask=mask.to(target.device),
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=pad,
+        **sampling,
     )
     generated = out.sequences[:, input_ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, 1)[..., : target.vocab_size].float().cpu()  # [B, steps, V]
@@ -105,8 +110,9 @@ def score_answers(target, prompt_ids: list[list[int]], answers: list[list[int]],
 
 
 @torch.inference_mode()
-def draft_answer_batch(draft, target, prompt_ids: list[list[int]], max_new_tokens: int, greedy: bool,
-                       seed: int) -> list[dict]:
+def draft_answer_batch(
+    draft, target, prompt_ids: list[list[int]], max_new_tokens: int, greedy: bool, seed: int
+) -> list[dict]:
     """The draft (a causal LM with the target's vocabulary) answers the prompts, by sampling at temperature
     1 or greedily; the target scores its answers."""
     eos = target.eos_token_id
@@ -117,8 +123,14 @@ def draft_answer_batch(draft, target, prompt_ids: list[list[int]], max_new_token
     was_training = draft.training
     draft.eval()
     try:
-        out = draft.generate(input_ids.to(draft.device), attention_mask=mask.to(draft.device),
-                             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, **sampling)
+        out = draft.generate(
+            input_ids.to(draft.device),
+            attention_mask=mask.to(draft.device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            **sampling,
+        )
     finally:
         draft.train(was_training)
     kept, answers = [], []
@@ -148,20 +160,55 @@ def _write_shards(folder: Path, items: list, batch_size: int, make_rows, progres
     return [shard_path(folder, b) for b in range(len(batches))]
 
 
-def build_dataset(target, prompts: list[str], folder: Path, batch_size: int = 16, max_new_tokens: int = 192,
-                  greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
+def build_dataset(
+    target,
+    prompts: list[str],
+    folder: Path,
+    batch_size: int = 16,
+    max_new_tokens: int = 192,
+    greedy_every: int = 2,
+    seed: int = 0,
+    progress=None,
+) -> list[Path]:
     """Answer `prompts` in batches; every `greedy_every`-th batch greedily, the others by sampling at
     temperature 1 (the draft serves both). Returns all shard paths, reusing those already written."""
-    return _write_shards(folder, prompts, batch_size, progress=progress, make_rows=lambda b, chunk: generate_batch(
-        target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b))
+    return _write_shards(
+        folder,
+        prompts,
+        batch_size,
+        progress=progress,
+        make_rows=lambda b, chunk: generate_batch(
+            target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b
+        ),
+    )
 
 
-def build_on_policy(draft, target, prompt_ids: list[list[int]], folder: Path, batch_size: int = 32,
-                    max_new_tokens: int = 160, greedy_every: int = 2, seed: int = 0, progress=None) -> list[Path]:
+def build_on_policy(
+    draft,
+    target,
+    prompt_ids: list[list[int]],
+    folder: Path,
+    batch_size: int = 32,
+    max_new_tokens: int = 160,
+    greedy_every: int = 2,
+    seed: int = 0,
+    progress=None,
+) -> list[Path]:
     """`build_dataset` with the draft writing the answers (`draft_answer_batch`), shards reused the same way."""
-    return _write_shards(folder, prompt_ids, batch_size, progress=progress, make_rows=lambda b, chunk: draft_answer_batch(
-        draft, target, chunk, max_new_tokens, greedy=(b % greedy_every == 0),
-        seed=int(np.random.SeedSequence([seed, b]).generate_state(1)[0])))
+    return _write_shards(
+        folder,
+        prompt_ids,
+        batch_size,
+        progress=progress,
+        make_rows=lambda b, chunk: draft_answer_batch(
+            draft,
+            target,
+            chunk,
+            max_new_tokens,
+            greedy=(b % greedy_every == 0),
+            seed=int(np.random.SeedSequence([seed, b]).generate_state(1)[0]),
+        ),
+    )
 
 
 def load_rows(paths: list[Path]) -> list[dict]:
@@ -176,13 +223,23 @@ def user_turn_prefix(tokenizer) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("self-written prompts need a target whose tokenizer has a chat template")
     marker = "\x00USER\x00"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True
+    )
     return text.split(marker)[0]
 
 
 @torch.inference_mode()
-def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: int = 96, seed: int = 0,
-                         keep=lambda text: True, state: dict | None = None, on_batch=None) -> list[str]:
+def self_written_prompts(
+    target,
+    n: int,
+    batch_size: int = 32,
+    max_new_tokens: int = 96,
+    seed: int = 0,
+    keep=lambda text: True,
+    state: dict | None = None,
+    on_batch=None,
+) -> list[str]:
     """`n` user messages written by the target itself, sampled at temperature 1 after the chat prefix of
     a user turn: requests in the target's own chat distribution, which a fixed pool of templates does not
     reach. Only finished turns (ending in the end-of-turn token) of 4+ words that `keep` accepts are kept,
@@ -202,9 +259,17 @@ def self_written_prompts(target, n: int, batch_size: int = 32, max_new_tokens: i
         # prefix, so (seed, b) is mixed rather than added: seed + b would make seed 1 repeat seed 0's batches
         torch.manual_seed(int(np.random.SeedSequence([seed, b]).generate_state(1)[0]))
         batch = torch.tensor([ids] * batch_size, device=target.device)
-        gen = target.model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.0,
-                                    top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                    eos_token_id=stop)[:, len(ids):].tolist()
+        gen = target.model.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=stop,
+        )[:, len(ids) :].tolist()
         for row in gen:
             if stop not in row:
                 continue  # ran out of tokens mid-message

@@ -37,7 +37,7 @@ class TrainConfig:
     seed: int = 0
     max_length: int = 512
     dtype: str = "bfloat16"  # matrix products of training steps under autocast; "float32" for none. On a CPU with
-    # bfloat16 instructions this trains faster with the same losses (measured: benchmarks/results/draft-d8-*);
+    # bfloat16 instructions this trains faster with the same losses (measured on the shipped draft's training);
     # the held-out evaluation always runs in float32
 
 
@@ -120,8 +120,12 @@ def evaluate(draft, rows: list[dict], target_probs: list[torch.Tensor], max_leng
         kl_sum += float(coarse_kl(logits[:n], top_idx[:n], top_logp[:n]).sum())
         n_total += n
     draft.train()
-    return {"one_minus_tv": 1 - tv_sum / n_total, "greedy_agreement": agree / n_total,
-            "coarse_kl": kl_sum / n_total, "positions": int(n_total)}
+    return {
+        "one_minus_tv": 1 - tv_sum / n_total,
+        "greedy_agreement": agree / n_total,
+        "coarse_kl": kl_sum / n_total,
+        "positions": int(n_total),
+    }
 
 
 def _save_atomic(obj, path: Path) -> None:
@@ -141,9 +145,19 @@ def export(draft, tokenizer, folder: Path) -> None:
     os.replace(tmp, folder)
 
 
-def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_probs: list[torch.Tensor],
-          out: Path, cfg: TrainConfig, resume: bool = False, say=print, progress=None,
-          more_evals: dict[str, tuple[list[dict], list[torch.Tensor]]] | None = None) -> dict:
+def train(
+    draft,
+    tokenizer,
+    train_rows: list[dict],
+    eval_rows: list[dict],
+    eval_probs: list[torch.Tensor],
+    out: Path,
+    cfg: TrainConfig,
+    resume: bool = False,
+    say=print,
+    progress=None,
+    more_evals: dict[str, tuple[list[dict], list[torch.Tensor]]] | None = None,
+) -> dict:
     """`more_evals` names further held-out sets (rows, target probabilities), logged as `eval_<name>_*`."""
     if not train_rows:
         raise ValueError("no teacher answers to train on (every answer was empty)")
@@ -180,7 +194,10 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
     def evaluations() -> tuple[dict, str]:
         ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
         entry = {f"eval_{k}": v for k, v in ev.items()}
-        text = f"held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}, KL {ev['coarse_kl']:.3f}"
+        text = (
+            f"held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}, "
+            f"KL {ev['coarse_kl']:.3f}"
+        )
         for name, (rows, probs) in (more_evals or {}).items():
             more = evaluate(draft, rows, probs, cfg.max_length)
             entry |= {f"eval_{name}_{k}": v for k, v in more.items()}
@@ -225,13 +242,28 @@ def train(draft, tokenizer, train_rows: list[dict], eval_rows: list[dict], eval_
         if step % cfg.eval_every == 0 or finished:
             entry, text = evaluations()
             seconds = time.perf_counter() - t0
-            last = {"step": step, "epoch": epoch, "train_kl": sum(losses) / len(losses), "tokens": tokens,
-                    "seconds": spent + seconds, "tokens_per_second": tokens / seconds, **entry}
+            last = {
+                "step": step,
+                "epoch": epoch,
+                "train_kl": sum(losses) / len(losses),
+                "tokens": tokens,
+                "seconds": spent + seconds,
+                "tokens_per_second": tokens / seconds,
+                **entry,
+            }
             log(last)
             losses = []
             say(f"step {step}: train KL {last['train_kl']:.3f}; {text}")
         if step % cfg.checkpoint_every == 0 or finished:
-            _save_atomic({"model": draft.state_dict(), "optim": optim.state_dict(), "step": step,
-                          "seconds": spent + time.perf_counter() - t0, "config": asdict(cfg)}, ckpt_path)
+            _save_atomic(
+                {
+                    "model": draft.state_dict(),
+                    "optim": optim.state_dict(),
+                    "step": step,
+                    "seconds": spent + time.perf_counter() - t0,
+                    "config": asdict(cfg),
+                },
+                ckpt_path,
+            )
             export(draft, tokenizer, out / "draft")
     return last

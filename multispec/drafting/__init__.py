@@ -16,9 +16,29 @@ from .model import DraftChain, DraftTree, draw_children, sample_children, top_ch
 # the drafters a method's `drafter` parameter names
 DRAFTERS = ("model", "lookup", "suffix", "hybrid")
 
-__all__ = ["DRAFTERS", "BeamDraft", "DraftChain", "DraftTree", "Drafter", "Forest", "ForestDraft", "ForestLayer",
-           "Hybrid", "Lookup", "NgramIndex", "Option", "Proposal", "Setup", "Suffix", "draw_children",
-           "fixed_proposal", "make_drafter", "sample_children", "setup_of", "top_children"]
+__all__ = [
+    "DRAFTERS",
+    "BeamDraft",
+    "DraftChain",
+    "DraftTree",
+    "Drafter",
+    "Forest",
+    "ForestDraft",
+    "ForestLayer",
+    "Hybrid",
+    "Lookup",
+    "NgramIndex",
+    "Option",
+    "Proposal",
+    "Setup",
+    "Suffix",
+    "draw_children",
+    "fixed_proposal",
+    "make_drafter",
+    "sample_children",
+    "setup_of",
+    "top_children",
+]
 
 
 def setup_of(s: Session) -> Setup:
@@ -26,8 +46,15 @@ def setup_of(s: Session) -> Setup:
     return Setup(s.sampling, s.generator, s.target_model.vocab_size, s.target_model.device)
 
 
-def make_drafter(drafter: str, s: Session, tree: bool, replacement: bool = False, confidence: float = 0.0,
-                 min_ngram: int = 1, max_ngram: int = 3) -> Drafter:
+def make_drafter(
+    drafter: str,
+    s: Session,
+    tree: bool,
+    replacement: bool = False,
+    confidence: float = 0.0,
+    min_ngram: int = 1,
+    max_ngram: int = 3,
+) -> Drafter:
     """The drafter a method's `drafter` parameter names, for session `s`. `tree`: the method proposes trees
     (the model drafts with `DraftTree`), else chains (`DraftChain`)."""
     if drafter not in DRAFTERS:

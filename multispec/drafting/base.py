@@ -1,11 +1,11 @@
 """The drafter interface: `propose(context, shape) -> Proposal`, then `accept(verdict)`.
 
 A drafter is asked for a proposal on the committed tokens (`context`) within a `shape`: a tuple of branching
-factors (a k-config; a chain of g drafts is (1,) * g) or a `TokenTree` laid out breadth first. It may return a smaller tree (a chain that stops
-early, a copy shorter than asked). After the target has verified the proposal, the method hands the drafter
-the `Verdict`, whose node indices are the proposal's: a drafter that runs the draft model keeps the accepted
-entries of that model's KV cache, which it alone feeds and commits, and drops the rest. `options` lists the
-chains a drafter could propose now, for the draft length controller.
+factors (a k-config; a chain of g drafts is (1,) * g) or a `TokenTree` laid out breadth first. It may return a
+smaller tree (a chain that stops early, a copy shorter than asked). After the target has verified the proposal,
+the method hands the drafter the `Verdict`, whose node indices are the proposal's: a drafter that runs the draft
+model keeps the accepted entries of that model's KV cache, which it alone feeds and commits, and drops the rest.
+`options` lists the chains a drafter could propose now, for the draft length controller.
 """
 
 from __future__ import annotations
@@ -60,8 +60,11 @@ class Setup:
 
     def empty(self) -> Proposal:
         """Nothing proposed: the iteration is a plain target step."""
-        return Proposal(TokenTree.chain(0), torch.empty(0, dtype=torch.long, device=self.device),
-                        torch.empty(0, self.vocab_size, device=self.device))
+        return Proposal(
+            TokenTree.chain(0),
+            torch.empty(0, dtype=torch.long, device=self.device),
+            torch.empty(0, self.vocab_size, device=self.device),
+        )
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Option:
     """One way to draft this iteration, for a controller that picks the length: `key` names the drafter
     (and what it matched) for its acceptance statistics, `length` is the most drafts it can give, `runner` the
     draft model's runner when drafting costs its forwards (None: free), and `make(g)` builds the chain of g."""
+
     key: str
     length: int
     runner: object | None

@@ -32,6 +32,7 @@ class Extensions(NamedTuple):
     step:    [B, V] the extension's step of log q for the ratio, or None: the beam distribution renormalised
              over the parent's extensions, weights[b, v] / mass[b], read only at the picks;
     mass:    [B] each parent's share of the beam distribution (with step None)."""
+
     weights: torch.Tensor
     log: bool
     score: torch.Tensor
@@ -47,8 +48,9 @@ class Extensions(NamedTuple):
         if self.step is not None:
             return score, self.step[beam, token].tolist()
         mass = self.mass[beam]
-        return score, torch.log(torch.where(mass > 0, self.weights[picks] / mass.clamp_min(1e-300),
-                                            torch.zeros_like(mass))).tolist()
+        return score, torch.log(
+            torch.where(mass > 0, self.weights[picks] / mass.clamp_min(1e-300), torch.zeros_like(mass))
+        ).tolist()
 
 
 class BeamDraft(ModelDrafter):
@@ -75,8 +77,15 @@ class BeamDraft(ModelDrafter):
 
     name = "beam"
 
-    def __init__(self, runner: ModelRunner, setup: Setup, width: int, deterministic: bool = False,
-                 ratio: str = "warped", warp: str = "joint"):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        setup: Setup,
+        width: int,
+        deterministic: bool = False,
+        ratio: str = "warped",
+        warp: str = "joint",
+    ):
         super().__init__(runner, setup)
         if warp not in BEAM_WARPS or ratio not in ("warped", "raw"):
             raise ValueError(f"warp must be one of {BEAM_WARPS} and ratio 'warped' or 'raw', got {warp!r}, {ratio!r}")
@@ -116,7 +125,9 @@ class BeamDraft(ModelDrafter):
             if depth < g:  # the deepest level is never fed to the draft model
                 tree = TokenTree.from_parents(parents)
                 new = torch.tensor(tokens[start:], dtype=torch.long)
-                logits = self.runner.feed([context], Entries.tree(tree, new, slice(start, len(tokens))))[0, -len(beams):]
+                logits = self.runner.feed([context], Entries.tree(tree, new, slice(start, len(tokens))))[
+                    0, -len(beams) :
+                ]
         best = max(beams, key=lambda n: logq_of[n])
         path = []
         node = best
@@ -136,10 +147,16 @@ class BeamDraft(ModelDrafter):
         support: then the W heaviest are among each row's W largest logits (the log-conditional is the logits
         less a per-row constant), and `heaviest` finds them without a [B, V] pass in float64. Not when greedy:
         there the pass over all extensions is one log-softmax and one top-k, as fast (and the by-row pick
-        no faster: benchmarks/results/beam-work-s41-cpu-2core)."""
+        no faster, measured with benchmarks/iteration_work.py)."""
         sampling = self.setup.sampling
-        return (not sampling.greedy and self.deterministic and self.warp == "rows" and self.ratio == "warped"
-                and sampling.top_k == 0 and sampling.top_p >= 1.0)
+        return (
+            not sampling.greedy
+            and self.deterministic
+            and self.warp == "rows"
+            and self.ratio == "warped"
+            and sampling.top_k == 0
+            and sampling.top_p >= 1.0
+        )
 
     def heaviest(self, score: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
         """`_pick` + `Extensions.at` where `_by_row_candidates` holds: the W heaviest extensions of beams with
@@ -153,7 +170,7 @@ class BeamDraft(ModelDrafter):
         norm = _softmax_rows(z, probs=False)[1]  # [B]
         step = values.double() - norm[:, None]  # [B, w] log-conditionals of the candidates
         total = (score.double()[:, None] + step).reshape(-1)
-        order = torch.sort(total, descending=True, stable=True).indices[:self.width]
+        order = torch.sort(total, descending=True, stable=True).indices[: self.width]
         order = order[torch.isfinite(total[order])]
         beam = order.div(index.shape[-1], rounding_mode="floor")
         picks = beam * vocab + index.reshape(-1)[order]
@@ -165,8 +182,11 @@ class BeamDraft(ModelDrafter):
         draw them without warping all W x V of them at once: always for the row warp (each beam's warped row
         sums to 1), and for the joint warp without top-k or top-p (which would compare rows with each other)."""
         sampling = self.setup.sampling
-        return (not self.deterministic and not sampling.greedy
-                and (self.warp == "rows" or (sampling.top_k == 0 and sampling.top_p >= 1.0)))
+        return (
+            not self.deterministic
+            and not sampling.greedy
+            and (self.warp == "rows" or (sampling.top_k == 0 and sampling.top_p >= 1.0))
+        )
 
     def drawn(self, score: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, list[float], list[float]]:
         """`_pick` + `Extensions.at` for sampled beams where `_by_row_draws` holds: W extensions of beams with
@@ -218,8 +238,9 @@ class BeamDraft(ModelDrafter):
             return Extensions((score[:, None] + logp).reshape(-1), True, score, logp, logp)
         if self.warp == "rows":
             cond = torch.log(sampling.probs(logits).double())
-            return Extensions((score[:, None] + cond).reshape(-1), True, score, cond,
-                              cond if self.ratio == "warped" else logp)
+            return Extensions(
+                (score[:, None] + cond).reshape(-1), True, score, cond, cond if self.ratio == "warped" else logp
+            )
         weights = beam_distribution(score, logp, sampling)  # [B * V] probabilities, 0 outside the warped support
         if self.ratio == "raw":
             return Extensions(weights, False, score, logp, logp)
@@ -258,6 +279,7 @@ class ForestLayer:
 class Forest:
     """A draft forest over several input beams (DSBD §3.2, step 1), layer by layer: the proposal of
     `ForestDraft`."""
+
     layers: list[ForestLayer]
     roots: list[list[int]]  # per layer, per node: the input beam (cache row) it descends from
     draft_paths: list[list[list[int]]]  # per layer, per node: the draft cache offsets of its fed path
@@ -323,8 +345,9 @@ def outputs_in_rows(roots: list[list[int]], paths: list[list[list[int]]], verdic
     return [roots[d - 2][b.parent] for b in verdict.beams], [paths[d - 2][b.parent] for b in verdict.beams]
 
 
-def grow_rows(entries: list[list], roots: list[int], tokens: list[int], parent_paths: list[list[int]], depth: int,
-              base: int = 0) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+def grow_rows(
+    entries: list[list], roots: list[int], tokens: list[int], parent_paths: list[list[int]], depth: int, base: int = 0
+) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
     """Lay one forest layer into per-row entry lists for `Entries.lists`: node j goes to row
     roots[j] at `depth`, seeing its parent's path parent_paths[j]. `base`: the runner's tentative entries
     before the call (offsets count from there). Returns each node's path of cache offsets (itself last)

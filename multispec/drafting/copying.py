@@ -63,6 +63,7 @@ class NgramIndex:
 @dataclass
 class Copy:
     """A copying drafter's candidate for this iteration: a trie of continuations, breadth first."""
+
     key: str  # for the length controller: drafter and match length, e.g. "lookup:3"
     parents: list[int]
     tokens: list[int]
@@ -160,8 +161,11 @@ def fixed_proposal(setup: Setup, copy: Copy | None) -> Proposal:
     device = setup.device
     if copy is None or not copy.tokens:
         return setup.empty()
-    tree = TokenTree.chain(len(copy.tokens)) if copy.parents == list(range(-1, len(copy.tokens) - 1)) \
+    tree = (
+        TokenTree.chain(len(copy.tokens))
+        if copy.parents == list(range(-1, len(copy.tokens) - 1))
         else TokenTree.from_parents(copy.parents)
+    )
     tokens = torch.tensor(copy.tokens, dtype=torch.long, device=device)
     rows = 1 + max(copy.parents) + 1
     draft_probs = torch.zeros(rows, setup.vocab_size, device=device)
@@ -210,6 +214,10 @@ def graft(base: Proposal, branch: Proposal) -> Proposal:
     device = base.tokens.device
     live = base.live if base.live is not None else torch.ones(n, dtype=torch.bool, device=device)
     fixed = base.fixed if base.fixed is not None else torch.zeros(n, dtype=torch.bool, device=device)
-    return Proposal(TokenTree.from_parents(parents), torch.cat([base.tokens, branch.tokens]), base.draft_rows,
-                    torch.cat([live, torch.ones(branch.tree.size, dtype=torch.bool, device=device)]),
-                    torch.cat([fixed, branch.fixed]))
+    return Proposal(
+        TokenTree.from_parents(parents),
+        torch.cat([base.tokens, branch.tokens]),
+        base.draft_rows,
+        torch.cat([live, torch.ones(branch.tree.size, dtype=torch.bool, device=device)]),
+        torch.cat([fixed, branch.fixed]),
+    )

@@ -41,6 +41,7 @@ class Plan:
 @dataclass
 class DraftLength:
     """The controller of `gamma=auto` (module note). `observe` after every verification."""
+
     target_cost: ForwardCost
     draft_cost: ForwardCost | None
     max_gamma: int = MAX_AUTO_GAMMA
@@ -104,8 +105,9 @@ class AutoLength(Drafter):
 
     name = "auto"
 
-    def __init__(self, drafter: Drafter, controller: DraftLength, setup, pending,
-                 one_time: Callable[[], float] = lambda: 0.0):
+    def __init__(
+        self, drafter: Drafter, controller: DraftLength, setup, pending, one_time: Callable[[], float] = lambda: 0.0
+    ):
         self.drafter, self.controller, self.setup, self.pending = drafter, controller, setup, pending
         self._plan: Plan | None = None
         self._size = 0
@@ -140,9 +142,12 @@ class AutoLength(Drafter):
         decoded = tokens - self._start[1] if self._start else 0
         return {
             "drafter_iterations": self.used,
-            "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
-                                            if self.predicted_seconds else None),
+            "predicted_tokens_per_second": (
+                self.predicted_tokens / self.predicted_seconds if self.predicted_seconds else None
+            ),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
-            "predicted_tokens": self.predicted_tokens, "decode_tokens": decoded,
-            "predicted_seconds": self.predicted_seconds, "decode_seconds": seconds,
+            "predicted_tokens": self.predicted_tokens,
+            "decode_tokens": decoded,
+            "predicted_seconds": self.predicted_seconds,
+            "decode_seconds": seconds,
         }

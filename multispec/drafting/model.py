@@ -88,8 +88,11 @@ class DraftChain(ModelDrafter):
         self._proposed(context, list(range(len(tokens))))
         device = self.setup.device
         drafted = torch.stack(tokens).to(device)
-        rows = (partial(one_hot, drafted, logits[-1]) if sampling.greedy
-                else LazyRows(len(probs), lambda i: probs[i].to(device)))
+        rows = (
+            partial(one_hot, drafted, logits[-1])
+            if sampling.greedy
+            else LazyRows(len(probs), lambda i: probs[i].to(device))
+        )
         return Proposal(TokenTree.chain(len(tokens)), drafted, rows)
 
     def _peak(self, q: torch.Tensor, logits: torch.Tensor) -> float:
@@ -145,13 +148,14 @@ class DraftTree(ModelDrafter):
             tokens.append(flat)
             live.append(parent_live)
             if d < tree.max_depth:  # the deepest level is never fed to the draft model
-                logits = self.runner.feed([context], Entries.tree(tree, flat, level))[0, -flat.numel():]
+                logits = self.runner.feed([context], Entries.tree(tree, flat, level))[0, -flat.numel() :]
         self._proposed(context, list(range(tree.size)))
         live_all = torch.cat(live)
         device = self.setup.device
         draft_rows = partial(_top_rows, rows, vocab, device) if greedy else torch.cat(rows).to(device)
-        return Proposal(tree, torch.cat(tokens).to(device), draft_rows,
-                        None if bool(live_all.all()) else live_all.to(device))
+        return Proposal(
+            tree, torch.cat(tokens).to(device), draft_rows, None if bool(live_all.all()) else live_all.to(device)
+        )
 
 
 def sample_children(setup: Setup, logits: torch.Tensor, k: int, replacement: bool):
@@ -205,5 +209,7 @@ def _pad(tokens: torch.Tensor, live: torch.Tensor, k: int):
     n, m = tokens.shape
     if m == k:
         return tokens, live
-    return (torch.cat([tokens, tokens[:, :1].expand(n, k - m)], 1),
-            torch.cat([live, torch.zeros(n, k - m, dtype=torch.bool, device=live.device)], 1))
+    return (
+        torch.cat([tokens, tokens[:, :1].expand(n, k - m)], 1),
+        torch.cat([live, torch.zeros(n, k - m, dtype=torch.bool, device=live.device)], 1),
+    )

@@ -30,7 +30,7 @@ OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR = 1e-3, 5e-4
 # rest of the call: every PROBE_EVERY calls a plain-step choice gives way to one one-node chain (about a plain
 # step's price where drafting does not pay) and the next call searches on what it saw. Only where the draft has
 # read the context but for the last calls' tokens: a probe that first made the draft read a long prompt cost up to
-# a tenth of the speed (optimal-trees-auto-s53-cpu-2core)
+# a tenth of the speed (measured with benchmarks/optimal_trees.py)
 PROBE_EVERY = 16
 # drafting is chosen only where priced this much faster than a plain step: its prices come from a few runs (a
 # fixed tree priced 1 % ahead of plain steps measured 11 % behind them on translation), a plain step's from ar's
@@ -51,6 +51,7 @@ class Factors:
     """Measured over calibrated forward seconds, by kind of iteration: the target's forward in a plain step, a
     chain's and a tree's iteration, and the draft's forwards in a chain's and a tree's (`multispec tune`
     measures them; a process's speed and a kind's own work move them away from 1)."""
+
     plain: float = 1.0
     chain: float = 1.0
     tree: float = 1.0
@@ -76,15 +77,26 @@ class AutoTree(Drafter):
 
     name = "auto-tree"
 
-    def __init__(self, drafter: DraftTree, ranks: Callable[[], RankAcceptance], target_cost: ForwardCost,
-                 draft_cost: ForwardCost | None, forward_seconds: Callable[[], tuple[float, float]],
-                 pending: Callable[[list[int]], int], prior: list[float] | list[list[float]] | None = None,
-                 max_nodes: int = AUTO_MAX_NODES, max_depth: int = AUTO_MAX_DEPTH,
-                 tree_cost: ForwardCost | None = None,
-                 overhead: tuple[float, ...] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
-                 factors: Factors | None = None, adapt: bool = False, one_time: Callable[[], float] = lambda: 0.0,
-                 chain: Drafter | None = None, draft_behind: Callable[[list[int]], int] | None = None,
-                 budget: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        drafter: DraftTree,
+        ranks: Callable[[], RankAcceptance],
+        target_cost: ForwardCost,
+        draft_cost: ForwardCost | None,
+        forward_seconds: Callable[[], tuple[float, float]],
+        pending: Callable[[list[int]], int],
+        prior: list[float] | list[list[float]] | None = None,
+        max_nodes: int = AUTO_MAX_NODES,
+        max_depth: int = AUTO_MAX_DEPTH,
+        tree_cost: ForwardCost | None = None,
+        overhead: tuple[float, ...] = (OVERHEAD_PRIOR, 0.0, PLAIN_OVERHEAD_PRIOR),
+        factors: Factors | None = None,
+        adapt: bool = False,
+        one_time: Callable[[], float] = lambda: 0.0,
+        chain: Drafter | None = None,
+        draft_behind: Callable[[list[int]], int] | None = None,
+        budget: Callable[[], int] | None = None,
+    ):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         # the chains it picks go through a chain proposer where given (on the same draft runner): the same
         # draws' law with a fifth of the tree proposer's work; `accept` goes to whichever proposed
@@ -129,20 +141,34 @@ class AutoTree(Drafter):
         tree_cost, draft_cost, chain_cost, chain_draft = self._priced("tree") + self._priced("chain")
         left = self.budget() if self.budget is not None else 0
         # the catch-up token is in every drafting iteration's price; the rest of a long catch-up is paid once
-        switch = (chain_draft(behind, context) - chain_draft(1, context)) / left if (
-            behind > 1 and left > 0 and chain_draft is not None) else 0.0
-        self.choice, table = search_tree(rates, self.max_nodes, depth, tree_cost, draft_cost, context, self.overhead,
-                                         pending=pending, per_node=self.per_node,
-                                         plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
-                                         chain_cost=chain_cost, chain_draft_cost=chain_draft,
-                                         plain_overhead=self.plain_overhead,
-                                         chain_overhead=(self.chain_overhead, self.chain_per_node), switch=switch,
-                                         margin=DRAFT_MARGIN)
+        switch = (
+            (chain_draft(behind, context) - chain_draft(1, context)) / left
+            if (behind > 1 and left > 0 and chain_draft is not None)
+            else 0.0
+        )
+        self.choice, table = search_tree(
+            rates,
+            self.max_nodes,
+            depth,
+            tree_cost,
+            draft_cost,
+            context,
+            self.overhead,
+            pending=pending,
+            per_node=self.per_node,
+            plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
+            chain_cost=chain_cost,
+            chain_draft_cost=chain_draft,
+            plain_overhead=self.plain_overhead,
+            chain_overhead=(self.chain_overhead, self.chain_per_node),
+            switch=switch,
+            margin=DRAFT_MARGIN,
+        )
         # a prior (from tune) stands for the tries; without one a few one-node tries come first
-        if (self.choice.nodes == 0 and self.prior is None
-                and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE):
-            seconds = iteration_seconds((1,), chain_cost, chain_draft, context,
-                                        self.chain_overhead + self.chain_per_node, pending)
+        if self.choice.nodes == 0 and self.prior is None and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
+            seconds = iteration_seconds(
+                (1,), chain_cost, chain_draft, context, self.chain_overhead + self.chain_per_node, pending
+            )
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self._use(table.tree(self.choice.nodes, self.choice.depth))
 
@@ -183,8 +209,9 @@ class AutoTree(Drafter):
                 self.overhead = 0.8 * self.overhead + 0.2 * other
             if self.calls >= 3:  # the first iteration's forwards hold the prompt
                 factors = self.factors[kind]
-                for i, (spent, predicted) in enumerate(((spent_target, target_predicted),
-                                                        (spent_draft, draft_predicted))):
+                for i, (spent, predicted) in enumerate(
+                    ((spent_target, target_predicted), (spent_draft, draft_predicted))
+                ):
                     if predicted > 0 and spent > 0:
                         factors[i] = 0.8 * factors[i] + 0.2 * min(3.0, max(0.5, spent / predicted))
         if self.calls == 2:
@@ -195,14 +222,16 @@ class AutoTree(Drafter):
         searched = 0.0
         room = shape_depth(shape)
         if (replans(self.calls) and self._news(len(context))) or self._probed or self.tree.max_depth > room:
-            self.search(len(context), pending, room,
-                        self.draft_behind(context) if self.draft_behind is not None else 1)
+            self.search(len(context), pending, room, self.draft_behind(context) if self.draft_behind is not None else 1)
             searched = time.perf_counter() - now
             self.search_seconds += searched
         self._probed = False
         tree = self.tree
-        if (not tree.size and self.calls % PROBE_EVERY == 0
-                and (self.draft_behind is None or self.draft_behind(context) <= 2 * PROBE_EVERY)):
+        if (
+            not tree.size
+            and self.calls % PROBE_EVERY == 0
+            and (self.draft_behind is None or self.draft_behind(context) <= 2 * PROBE_EVERY)
+        ):
             tree, self._probed = TokenTree.chain(1), True
             self.probes += 1
             self._use(tree)
@@ -213,11 +242,14 @@ class AutoTree(Drafter):
         if self.adapt:
             # the next proposal measures the work since this point, drafting's Python included, search excluded
             widths, kind = self._widths, self._kind
-            draft_predicted = (self.draft_cost(1, len(context))
-                               + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
-                               if widths and self.draft_cost is not None else 0.0)
-            target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(pending + tree.size,
-                                                                                        len(context))
+            draft_predicted = (
+                self.draft_cost(1, len(context)) + sum(self.draft_cost(w, len(context)) for w in widths[:-1])
+                if widths and self.draft_cost is not None
+                else 0.0
+            )
+            target_predicted = (self.tree_cost if kind == "tree" else self.target_cost)(
+                pending + tree.size, len(context)
+            )
             self._last = (now + searched, on_target, on_draft, target_predicted, draft_predicted, kind)
         if not tree.size:
             self._proposer = self.drafter
@@ -240,12 +272,20 @@ class AutoTree(Drafter):
             "tree_searches": self.searches,
             "tree_probes": self.probes,
             "tree_search_seconds": self.search_seconds,
-            "predicted_tokens_per_second": (self.predicted_tokens / self.predicted_seconds
-                                            if self.predicted_seconds else None),
+            "predicted_tokens_per_second": (
+                self.predicted_tokens / self.predicted_seconds if self.predicted_seconds else None
+            ),
             "decode_tokens_per_second": decoded / seconds if decoded and seconds > 0 else None,
-            "iteration_overhead_seconds": {"per_iteration": self.overhead, "per_node": self.per_node,
-                                           "plain_step": self.plain_overhead, "chain": self.chain_overhead,
-                                           "chain_per_node": self.chain_per_node, "measured": self.adapt},
-            "forward_factors": {kind: {"target": t, "draft": d} if kind != "plain" else {"target": t}
-                                for kind, (t, d) in self.factors.items()},
+            "iteration_overhead_seconds": {
+                "per_iteration": self.overhead,
+                "per_node": self.per_node,
+                "plain_step": self.plain_overhead,
+                "chain": self.chain_overhead,
+                "chain_per_node": self.chain_per_node,
+                "measured": self.adapt,
+            },
+            "forward_factors": {
+                kind: {"target": t, "draft": d} if kind != "plain" else {"target": t}
+                for kind, (t, d) in self.factors.items()
+            },
         }

@@ -43,7 +43,6 @@ class LanguageModel(ABC):
         (a backend's kernels, say). Nothing by default."""
         return None
 
-
     @abstractmethod
     def forward(
         self,

@@ -41,6 +41,7 @@ class ForwardCost:
     `padded`: the model pads a forward of up to that many new tokens to the next power of two (a compiled
     step: one graph per bucket), so its cost is a staircase: k costs what a measured count of k's bucket
     cost (17 tokens cost 32's), not an interpolation across the step."""
+
     seconds: tuple[tuple[float, ...], ...]
     contexts: tuple[int, ...] = (COST_CONTEXTS[0],)
     tokens: tuple[int, ...] | None = None
@@ -58,8 +59,9 @@ class ForwardCost:
 
     def scaled(self, factor: float) -> ForwardCost:
         """The same curve times `factor` (a calibration against measured runs)."""
-        return ForwardCost(tuple(tuple(x * factor for x in row) for row in self.seconds), self.contexts, self.tokens,
-                           self.padded)
+        return ForwardCost(
+            tuple(tuple(x * factor for x in row) for row in self.seconds), self.contexts, self.tokens, self.padded
+        )
 
     def __call__(self, k: int, context: int | None = None) -> float:
         if k <= 0:
@@ -130,7 +132,9 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     """The key of a model's measured costs on this machine. `kernels=False`: without the compiled step's kernel
     set, for the kernel choices themselves (kept per shape when a variant joins, see `HFModel._untried`)."""
     dtype = getattr(model, "dtype", None)
-    engine = "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
+    engine = (
+        "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
+    )
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
     if engine == "compiled" and kernels and batch_invariant and hasattr(model, "resolve_kernel"):
@@ -156,12 +160,19 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
             variant = "|not-invariant"
         elif dtype in (torch.bfloat16, torch.float16) and torch.device(model.device).type == "cpu":
             variant = f"|tail={static.TAIL}"
-    return (f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
-            f"torch={torch.__version__}|isa={instruction_sets()}" + variant + ("|masked" if masked else ""))
+    return (
+        f"{model.name}|{dtype}|{model.device}|{engine}|threads={torch.get_num_threads()}|"
+        f"torch={torch.__version__}|isa={instruction_sets()}" + variant + ("|masked" if masked else "")
+    )
 
 
-def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, masked: bool = False,
-                 here: bool = False, batch_invariant: bool = True) -> ForwardCost:
+def forward_cost(
+    model: LanguageModel,
+    tokens: tuple[int, ...] = COST_TOKENS,
+    masked: bool = False,
+    here: bool = False,
+    batch_invariant: bool = True,
+) -> ForwardCost:
     """T(k) for k in `tokens` (interpolated between) for `model`, measured once (see the module note).
     `masked`: the forward given an explicit attention mask, as a tree's is (it may take a slower attention
     path than the causal one). `here`: measured in this process, not read from the cache folder (a compiled
@@ -173,9 +184,14 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     store = store_path() if _persistent(model) else None
     if store is not None and not here:
         saved = read_store(store).get(key)
-        if isinstance(saved, dict) and saved.get("contexts") == list(COST_CONTEXTS) and saved.get("tokens") == list(tokens):
-            _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens,
-                                      padded_tokens(model))
+        if (
+            isinstance(saved, dict)
+            and saved.get("contexts") == list(COST_CONTEXTS)
+            and saved.get("tokens") == list(tokens)
+        ):
+            _COSTS[key] = ForwardCost(
+                tuple(map(tuple, saved["seconds"])), tuple(saved["contexts"]), tokens, padded_tokens(model)
+            )
             route = getattr(model, "bucket_route", None)
             if saved.get("route") and route is not None and not route and not masked:
                 # the buckets this machine's measuring process moved (its autotuned graph for them ran slower);
@@ -189,16 +205,25 @@ def forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS, ma
     _COSTS[key] = cost
     _MEASURED_HERE.add(key)
     if store is not None:
-        entry = {"contexts": list(cost.contexts), "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
+        entry = {
+            "contexts": list(cost.contexts),
+            "tokens": list(cost.tokens),
+            "seconds": [list(r) for r in cost.seconds],
+        }
         if not masked and getattr(model, "bucket_route", None):
             entry["route"] = {str(b): x for b, x in model.bucket_route.items()}
         write_store_entry(store, key, entry)
     return cost
 
 
-def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TOKENS,
-                         contexts: tuple[int, ...] = COST_CONTEXTS, repeats: int = 4,
-                         masked: bool = False, batch_invariant: bool = True) -> ForwardCost:
+def measure_forward_cost(
+    model: LanguageModel,
+    tokens: tuple[int, ...] = COST_TOKENS,
+    contexts: tuple[int, ...] = COST_CONTEXTS,
+    repeats: int = 4,
+    masked: bool = False,
+    batch_invariant: bool = True,
+) -> ForwardCost:
     """Median over `repeats` interleaved rounds of the seconds of a forward over k new tokens, k in `tokens`,
     after each of `contexts` cached tokens (random token ids: the cost does not depend on which). `masked`:
     each forward gets an explicit (causal) mask, the way a tree's forward does.
@@ -224,19 +249,27 @@ def measure_forward_cost(model: LanguageModel, tokens: tuple[int, ...] = COST_TO
     for context in contexts:
         cache = model.new_cache()
         model.forward(cache, ids[:, :context], logits_to_keep=1, batch_invariant=batch_invariant)
-        masks = {k: torch.ones(k, context + k, dtype=torch.bool).tril(context)[None].to(model.device) if masked
-                 else None for k in tokens}
+        masks = {
+            k: torch.ones(k, context + k, dtype=torch.bool).tril(context)[None].to(model.device) if masked else None
+            for k in tokens
+        }
         for k in tokens:  # warm-up: lazy initialisation, allocator, a compile per bucket
-            model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k,
-                          batch_invariant=batch_invariant)
+            model.forward(
+                cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k, batch_invariant=batch_invariant
+            )
             model.crop(cache, context)
         times: list[list[float]] = [[] for _ in tokens]
         for _ in range(repeats):
             for j, k in enumerate(tokens):
                 _sync(model)
                 t0 = time.perf_counter()
-                model.forward(cache, ids[:, context : context + k], mask=masks[k], logits_to_keep=k,
-                              batch_invariant=batch_invariant)
+                model.forward(
+                    cache,
+                    ids[:, context : context + k],
+                    mask=masks[k],
+                    logits_to_keep=k,
+                    batch_invariant=batch_invariant,
+                )
                 _sync(model)
                 times[j].append(time.perf_counter() - t0)
                 model.crop(cache, context)
@@ -264,8 +297,10 @@ def _routed(row: list[float], tokens: tuple[int, ...], padded: int, route: dict[
     """A measured row as the routed forwards cost: each padded count costs the mean over the counts measured in
     the bucket it runs in (they all ran that graph), past the padded range as measured."""
     mean = _bucket_means([row], tokens, padded)
-    return [mean[route.get(bucket(t), bucket(t))] if t <= padded else seconds
-            for t, seconds in zip(tokens, row, strict=True)]
+    return [
+        mean[route.get(bucket(t), bucket(t))] if t <= padded else seconds
+        for t, seconds in zip(tokens, row, strict=True)
+    ]
 
 
 def _bucket_means(rows, tokens: tuple[int, ...], padded: int) -> dict[int, float]:
@@ -307,14 +342,24 @@ def write_cost_curves(path, models: dict[str, LanguageModel], repeats: int = 4) 
         if model is None:
             continue
         cost = measure_forward_cost(model, repeats=repeats, batch_invariant=role != "draft")
-        curves[role] = {"name": model.name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
-                        "engine": cost_key(model, batch_invariant=role != "draft").split("|")[3],
-                        "padded_tokens": cost.padded,
-                        "contexts": list(cost.contexts),
-                        "tokens": list(cost.tokens), "seconds": [list(r) for r in cost.seconds]}
+        curves[role] = {
+            "name": model.name,
+            "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
+            "engine": cost_key(model, batch_invariant=role != "draft").split("|")[3],
+            "padded_tokens": cost.padded,
+            "contexts": list(cost.contexts),
+            "tokens": list(cost.tokens),
+            "seconds": [list(r) for r in cost.seconds],
+        }
     some = next(m for m in models.values() if m is not None)
-    data = {"format": CURVE_FORMAT, "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
-            "device": describe_device(some.device), "torch": torch.__version__, "models": curves}
+    data = {
+        "format": CURVE_FORMAT,
+        "date": time.strftime("%Y-%m-%d"),
+        "host": platform.node(),
+        "device": describe_device(some.device),
+        "torch": torch.__version__,
+        "models": curves,
+    }
     path = Path(path)
     if path.parent != Path(""):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -332,9 +377,12 @@ def read_cost_curves(path) -> tuple[dict[str, ForwardCost], dict]:
     curves = {}
     for role, c in data["models"].items():
         try:
-            curves[role] = ForwardCost(tuple(tuple(float(x) for x in row) for row in c["seconds"]),
-                                       tuple(int(x) for x in c["contexts"]), tuple(int(x) for x in c["tokens"]),
-                                       int(c.get("padded_tokens", 0)))
+            curves[role] = ForwardCost(
+                tuple(tuple(float(x) for x in row) for row in c["seconds"]),
+                tuple(int(x) for x in c["contexts"]),
+                tuple(int(x) for x in c["tokens"]),
+                int(c.get("padded_tokens", 0)),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: the {role!r} curve is malformed ({e})") from None
     return curves, data

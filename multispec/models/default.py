@@ -75,8 +75,9 @@ def converted_checkpoint() -> Path:
     return out
 
 
-def load_default(name: str = TARGET_NAME, device: str | None = None, dtype: torch.dtype | None = None,
-                 compile: bool | str = False) -> HFModel:
+def load_default(
+    name: str = TARGET_NAME, device: str | None = None, dtype: torch.dtype | None = None, compile: bool | str = False
+) -> HFModel:
     """A default model in `dtype` (default: bfloat16 where the hardware has fast bfloat16, else float32;
     always bfloat16 for the bfloat16 copy)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

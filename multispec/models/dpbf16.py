@@ -61,9 +61,15 @@ def _load() -> str | None:
     build = machine.store_path().with_name("kernels") / f"dpbf16-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load(name=f"multispec_dpbf16_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS,
-                           extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
-                           verbose=False)
+        cpp_extension.load(
+            name=f"multispec_dpbf16_{digest}",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            is_python_module=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001 - a machine without a working compiler runs the other variants
         return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     torch.library.register_fake("multispec_dpbf16::linear")(_shape)
@@ -98,8 +104,11 @@ def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, re
     step streams them) at each row count, interleaved: {"ms": {rows: {mode: median}}, "modes": {rows: mode}}."""
     shapes = ((3072, 576), (576, 1536))  # a decoder layer's widest maps: wide and deep blocks, both alignments
     per_pair = sum(n * k * 2 for n, k in shapes)
-    weights = [(torch.full((n // COLUMNS, k // 2, COLUMNS, 2), 0.01, dtype=torch.bfloat16), n, k)
-               for _ in range(max(1, megabytes * 2**20 // per_pair)) for n, k in shapes]
+    weights = [
+        (torch.full((n // COLUMNS, k // 2, COLUMNS, 2), 0.01, dtype=torch.bfloat16), n, k)
+        for _ in range(max(1, megabytes * 2**20 // per_pair))
+        for n, k in shapes
+    ]
     ms: dict[int, dict[str, float]] = {}
     try:
         for count in rows:
@@ -127,8 +136,10 @@ def calibrate(rows: tuple[int, ...] = CALIBRATION_ROWS, megabytes: int = 128, re
 def _calibrated_prefetch(digest: str) -> dict[int, str]:
     """This machine's prefetch modes for the kernel built as `digest`: measured once, kept in the kernel store."""
     store = machine.kernel_store_path()
-    key = (f"dpbf16 prefetch|{digest}|{machine.describe_device('cpu')}|threads={torch.get_num_threads()}|"
-           f"isa={machine.instruction_sets()}")
+    key = (
+        f"dpbf16 prefetch|{digest}|{machine.describe_device('cpu')}|threads={torch.get_num_threads()}|"
+        f"isa={machine.instruction_sets()}"
+    )
     entry = machine.read_store(store).get(key)
     if isinstance(entry, dict) and isinstance(entry.get("modes"), dict):
         modes = {int(rows): mode for rows, mode in entry["modes"].items()}
@@ -144,16 +155,18 @@ def _calibrated_prefetch(digest: str) -> dict[int, str]:
 @functools.cache
 def _digest() -> str:
     """The build's name: the source, its flags and torch's version."""
-    return hashlib.blake2b(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode(),
-                           digest_size=6).hexdigest()
+    return hashlib.blake2b(
+        SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode(), digest_size=6
+    ).hexdigest()
 
 
 def _attended(query, keys, values, mask, dv, scaling):
     return query.new_empty((*query.shape[:-1], dv))
 
 
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dv: int,
-           scaling: float) -> torch.Tensor:
+def attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, dv: int, scaling: float
+) -> torch.Tensor:
     """Softmax attention in float32 with every sum in one order (`dpbf16.cpp`, `attend_row`): query [B, Hq, n,
     d], keys [B, Hkv, >= K, d] and values [B, Hkv, >= K, >= dv] of one type, float32 or bfloat16 (widened exactly as
     they are read; the first K slots are read, K = mask.shape[-1]), additive float32 mask [B, 1, n, K] -> [B, Hq,
@@ -174,8 +187,12 @@ def _shape(input, packed, bias, out_features):
 
 def eligible(module: torch.nn.Module) -> bool:
     """A plain linear map with bfloat16 weights on the CPU and an even number of inputs (pairs)."""
-    return (type(module) is torch.nn.Linear and module.weight.dtype == torch.bfloat16
-            and module.weight.device.type == "cpu" and module.in_features % 2 == 0)
+    return (
+        type(module) is torch.nn.Linear
+        and module.weight.dtype == torch.bfloat16
+        and module.weight.device.type == "cpu"
+        and module.in_features % 2 == 0
+    )
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -225,8 +242,9 @@ def shared_inputs(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
     """Runs of eligible linear maps that a forward calls one after another on the same input tensor (a
     layer's query, key and value maps; its gate and up maps), seen in one eager forward of one token."""
     calls: list[tuple[torch.nn.Module, torch.Tensor]] = []  # the inputs are held, so no id is reused meanwhile
-    hooks = [m.register_forward_pre_hook(lambda m, args: calls.append((m, args[0])))
-             for m in model.modules() if eligible(m)]
+    hooks = [
+        m.register_forward_pre_hook(lambda m, args: calls.append((m, args[0]))) for m in model.modules() if eligible(m)
+    ]
     try:
         device = next(model.parameters()).device
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
@@ -260,8 +278,13 @@ def routed(model: torch.nn.Module, concat: bool = False):
                 owner = members[0]
                 owner.register_buffer(BUFFER, pack(torch.cat([m.weight.detach() for m in members])), persistent=False)
                 if any(m.bias is not None for m in members):
-                    owner.register_buffer(BIAS, torch.cat([m.weight.new_zeros(m.out_features) if m.bias is None
-                                                           else m.bias.detach() for m in members]), persistent=False)
+                    owner.register_buffer(
+                        BIAS,
+                        torch.cat(
+                            [m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in members]
+                        ),
+                        persistent=False,
+                    )
                 group = {"owner": owner, "outputs": sum(m.out_features for m in members), "last": None}
                 offset = 0
                 for m in members:

@@ -8,8 +8,10 @@ compiled by torch inductor once per (rows, bucket of new tokens): new tokens are
 up to `COMPILED_TOKENS`; longer feeds and the prompt run eagerly. On a CPU the compile freezes the weights, and
 each shape's graph is compiled in each of `KERNELS`, the faster of them again with `CONCAT` (products that read
 the same input made one), and the one whose whole step ran fastest here is kept (the choice is stored per machine,
-model, dtype and thread count), so no kernel choice made on another host is baked in; the kept step is compiled ahead of time into a package on disk (`packaged.py`), which later processes load. A family whose attention layers do not go through transformers' attention
-interface keeps transformers' `DynamicCache`, with one line saying so.
+model, dtype and thread count), so no kernel choice made on another host is baked in; the kept step is compiled
+ahead of time into a package on disk (`packaged.py`), which later processes load. A family whose attention
+layers do not go through transformers' attention interface keeps transformers' `DynamicCache`, with one line
+saying so.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def kernel_options(kind: str) -> dict:
     base = kind.removesuffix(CONCAT)
     return {**KERNELS[base], "cpp.enable_concat_linear": True} if base != kind else KERNELS[base]
 
+
 INVARIANCE_PROMPT = 48  # tokens before the chain that checks a batch-invariant step (`HFModel._check_invariance`)
 
 
@@ -144,8 +147,9 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
             for rows in range(most - 1, fewest - 1, -1):  # down from the top: the first that differs bounds it
                 # every row once, in products of `rows` rows (whether the order changes a rounding depends on
                 # the numbers, so one product is not enough to see it)
-                if any(not torch.equal(module(x[:, i : i + rows]), full[:, i : i + rows])
-                       for i in range(0, most, rows)):
+                if any(
+                    not torch.equal(module(x[:, i : i + rows]), full[:, i : i + rows]) for i in range(0, most, rows)
+                ):
                     fewest = rows + 1
                     break
         _INVARIANT_ROWS[key] = fewest
@@ -155,15 +159,18 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
 class HFModel(LanguageModel):
     keeps_measurements = True  # its cost curves are kept in this machine's store (`cost.forward_cost`)
 
-    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True,
-                 compile: bool | str = False):
+    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True, compile: bool | str = False):
         if compile not in (False, True, INVARIANT, FAST):
             raise ValueError(f"compile={compile!r}: False, True, {INVARIANT!r} or {FAST!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         cfg = model.config
-        table = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else cfg.vocab_size
+        table = (
+            model.get_output_embeddings().weight.shape[0]
+            if model.get_output_embeddings() is not None
+            else cfg.vocab_size
+        )
         # the embedding table may be padded past the tokenizer's vocabulary: only the tokenizer's ids are real
         self.vocab_size = min(len(tokenizer), table) if tokenizer is not None else table
         self.max_length = getattr(cfg, "max_position_embeddings", None)
@@ -192,8 +199,12 @@ class HFModel(LanguageModel):
         # CUDA graphs: on one CUDA device, a step of up to COMPILED_TOKENS new tokens is captured once per shape
         # and cache buffers, then replayed (its kernels launch without Python in between)
         devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
-        self.graphs = (self.static and self.device.type == "cuda" and len(devices) <= 1
-                       and os.environ.get("MULTISPEC_CUDA_GRAPHS", "1") != "0")
+        self.graphs = (
+            self.static
+            and self.device.type == "cuda"
+            and len(devices) <= 1
+            and os.environ.get("MULTISPEC_CUDA_GRAPHS", "1") != "0"
+        )
         self.graph_captures = 0  # graphs captured (a new shape, or new cache buffers)
         self._graphs: dict[tuple, Any] = {}
         self._graph_pool = None
@@ -247,8 +258,12 @@ class HFModel(LanguageModel):
         then equal greedy `ar`'s in bfloat16 as well."""
         if self._exact is None:
             self._exact = False  # (the race's own steps come back here)
-            eligible = (self.device.type == "cpu" and self.dtype == torch.bfloat16 and self.offers(DPBF16) is None
-                        and dpbf16.routes_all(self.model))
+            eligible = (
+                self.device.type == "cpu"
+                and self.dtype == torch.bfloat16
+                and self.offers(DPBF16) is None
+                and dpbf16.routes_all(self.model)
+            )
             if eligible:
                 kept = _stored_entry(self._package_key(), EXACT_CHOICE)
                 exact = kept["exact"] if isinstance((kept or {}).get("exact"), bool) else self._race_exact()
@@ -260,19 +275,27 @@ class HFModel(LanguageModel):
         key = self._package_key()  # the fast steps' (the choice is kept under it)
         compiled_before, t0 = self.compile_seconds, time.perf_counter()
         try:
-            seconds = self._time_one_token({"auto": ("auto", INVARIANT_DPBF16),
-                                            INVARIANT_DPBF16: (INVARIANT, INVARIANT_DPBF16)})
+            seconds = self._time_one_token(
+                {"auto": ("auto", INVARIANT_DPBF16), INVARIANT_DPBF16: (INVARIANT, INVARIANT_DPBF16)}
+            )
         finally:
             self.kernel, self._invariant_kind = "auto", None
         # where the fast step's own race kept the batch-invariant variant, the two are one step (timing it against
         # itself would decide by noise)
-        exact = INVARIANT_DPBF16 in seconds and (self.kernels.get((1, 1)) == INVARIANT_DPBF16
-                                                 or seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"])
+        exact = INVARIANT_DPBF16 in seconds and (
+            self.kernels.get((1, 1)) == INVARIANT_DPBF16
+            or seconds[INVARIANT_DPBF16] <= EXACT_TOLERANCE * seconds["auto"]
+        )
         _store_entry(key, EXACT_CHOICE, {"exact": exact, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
         self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
-        note(f"multispec: {self.name}, 1 token: " + ", ".join(
-            f"{'batch-invariant' if k == INVARIANT_DPBF16 else 'fast'} step {1e3 * v:.1f} ms" for k, v in seconds.items())
-            + f" here; its steps are {'batch-invariant' if exact else 'the fast ones'}")
+        note(
+            f"multispec: {self.name}, 1 token: "
+            + ", ".join(
+                f"{'batch-invariant' if k == INVARIANT_DPBF16 else 'fast'} step {1e3 * v:.1f} ms"
+                for k, v in seconds.items()
+            )
+            + f" here; its steps are {'batch-invariant' if exact else 'the fast ones'}"
+        )
         return exact
 
     @torch.inference_mode()
@@ -319,14 +342,20 @@ class HFModel(LanguageModel):
         compiled_before, t0 = self.compile_seconds, time.perf_counter()
         seconds = self._time_one_token({kind: (INVARIANT, kind) for kind in (INVARIANT_DPBF16, INVARIANT)})
         kind = min(seconds, key=seconds.get) if seconds else INVARIANT
-        _store_entry(self._package_key(), INVARIANT_CHOICE,
-                     {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}})
-        for (other, shape) in [key for key in self._packages if key[0] != kind]:
+        _store_entry(
+            self._package_key(),
+            INVARIANT_CHOICE,
+            {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}},
+        )
+        for other, shape in [key for key in self._packages if key[0] != kind]:
             self._packages.pop((other, shape))
             packaged.remove(packaged.path_for(self._package_key(), other, shape))
         self.compile_seconds = compiled_before + time.perf_counter() - t0  # a one-time cost
-        note(f"multispec: {self.name}'s batch-invariant step, 1 token: "
-             + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items()) + f" here; keeps {kind}")
+        note(
+            f"multispec: {self.name}'s batch-invariant step, 1 token: "
+            + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
+            + f" here; keeps {kind}"
+        )
         return kind
 
     def _invariant_padding(self) -> int:
@@ -345,8 +374,14 @@ class HFModel(LanguageModel):
         return self._min_rows
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: torch.dtype | str = "auto", device: str | None = None,
-                        compile: bool | str = False, **kwargs):
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        dtype: torch.dtype | str = "auto",
+        device: str | None = None,
+        compile: bool | str = False,
+        **kwargs,
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -372,8 +407,14 @@ class HFModel(LanguageModel):
         causal = torch.tensor([[0.0, torch.finfo(torch.float32).min], [0.0, 0.0]], device=self.device)[None, None]
         seen: list = []
         try:
-            ours = self.model(input_ids=tokens, position_ids=positions, attention_mask=self._masks(causal, None),
-                              use_cache=False, ms_keys=[], ms_probe=seen).logits.float()
+            ours = self.model(
+                input_ids=tokens,
+                position_ids=positions,
+                attention_mask=self._masks(causal, None),
+                use_cache=False,
+                ms_keys=[],
+                ms_probe=seen,
+            ).logits.float()
             stock = self.model(input_ids=tokens, use_cache=False).logits.float()
         except Exception as e:  # noqa: BLE001
             return None, f"probe forward failed: {type(e).__name__}: {str(e)[:120]}"
@@ -416,9 +457,15 @@ class HFModel(LanguageModel):
         values are bfloat16 numbers: the same bits, half the bytes), else float32. Decided by the steps' kernels,
         as they stand when the cache is made (`prepare`)."""
         softcap = getattr(self.model.config, "attn_logit_softcapping", None)  # (attends through `static.attend`)
-        if (self.compile and self.dtype == torch.bfloat16 and self.device.type == "cpu" and self.kernel == INVARIANT
-                and self._invariant_kind == INVARIANT_DPBF16 and not softcap
-                and all(dpbf16.attends(k[3], v[3]) for k, v, _ in self.kv_shapes)):
+        if (
+            self.compile
+            and self.dtype == torch.bfloat16
+            and self.device.type == "cpu"
+            and self.kernel == INVARIANT
+            and self._invariant_kind == INVARIANT_DPBF16
+            and not softcap
+            and all(dpbf16.attends(k[3], v[3]) for k, v, _ in self.kv_shapes)
+        ):
             return torch.bfloat16
         return torch.float32
 
@@ -451,8 +498,7 @@ class HFModel(LanguageModel):
 
     # -- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
-                batch_invariant=True):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         if not self.static:
             return self._forward_dynamic(cache, tokens, positions, mask, logits_to_keep)
         device = self.device
@@ -462,10 +508,17 @@ class HFModel(LanguageModel):
             if past:
                 raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
             cache.reserve(cache.capacity, rows=b)
-        if (past == 0 and self.compile and cache.compiled and self.kernel == INVARIANT and 0 < fused_prefix < n - 1
-                and n - fused_prefix - 1 <= COMPILED_TOKENS):
-            return self._prompt_then_steps(cache, tokens, positions, mask, logits_to_keep, fused_prefix,
-                                           batch_invariant)
+        if (
+            past == 0
+            and self.compile
+            and cache.compiled
+            and self.kernel == INVARIANT
+            and 0 < fused_prefix < n - 1
+            and n - fused_prefix - 1 <= COMPILED_TOKENS
+        ):
+            return self._prompt_then_steps(
+                cache, tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant
+            )
         # a prompt (the first feed) runs eagerly: its length differs from call to call
         compiled = self.compile and cache.compiled and past > 0 and n <= COMPILED_TOKENS
         if compiled and batch_invariant:  # (a draft's forwards are not: its logits decide nothing)
@@ -489,8 +542,9 @@ class HFModel(LanguageModel):
         # a captured step reads every slot of the buffers, so that its shapes stay the same as the cache fills:
         # its mask spans the capacity, and the slots past the new entries are masked (they weigh exactly 0)
         span = cache.capacity if graphed else total
-        new = (positions.to(device) if positions is not None
-               else torch.arange(past, past + n, device=device).expand(b, n))
+        new = (
+            positions.to(device) if positions is not None else torch.arange(past, past + n, device=device).expand(b, n)
+        )
         # ids and positions are copied only when padded, or for a compiled graph (guarded on its inputs' strides)
         as_given = width == n and not compiled
         if as_given:
@@ -515,11 +569,15 @@ class HFModel(LanguageModel):
                 allowed[:, :n, : past + n] = mask.to(device)
             pad = torch.arange(n, width, device=device)
             allowed[:, pad, past + pad] = True  # padding sees only itself
-            full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
+            full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[
+                :, None
+            ]
         if self.sliding_window:
             keys = cache.positions[:, :span]
             inside = allowed & (keys[:, None, :] > pos[:, :, None] - self.sliding_window)
-            windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[:, None]
+            windowed = torch.zeros(inside.shape, dtype=torch.float32, device=device).masked_fill_(~inside, minimum)[
+                :, None
+            ]
         if as_given:
             ids = tokens.to(device)
         else:
@@ -533,8 +591,10 @@ class HFModel(LanguageModel):
             except Exception as e:  # noqa: BLE001 - a step that cannot be captured still decodes, uncaptured
                 # for this cache only: the next generation tries its graphs again
                 cache.captured = False
-                self._fall_back(f"this generation runs without CUDA graphs: a capture failed ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]})")
+                self._fall_back(
+                    f"this generation runs without CUDA graphs: a capture failed ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:200]})"
+                )
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
             cache.length = past + n
             logits = logits[:, :n]
@@ -558,10 +618,10 @@ class HFModel(LanguageModel):
                 why = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
                 if invariant and (cache.invariant_kind or self._invariant_kind) == INVARIANT_DPBF16:
                     cache.invariant_kind = INVARIANT
-                    self._fall_back(f"this generation's batch-invariant steps run on oneDNN: on our kernel a step "
-                                    f"failed ({why})")
-                    return self.forward(cache, tokens, positions, mask, logits_to_keep,
-                                        batch_invariant=batch_invariant)
+                    self._fall_back(
+                        f"this generation's batch-invariant steps run on oneDNN: on our kernel a step failed ({why})"
+                    )
+                    return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
                 cache.compiled = False
                 self._fall_back(f"this generation runs uncompiled: a compiled step failed ({why})")
                 return self.forward(cache, tokens, positions, mask, logits_to_keep, batch_invariant=batch_invariant)
@@ -598,10 +658,24 @@ class HFModel(LanguageModel):
         keep = logits_to_keep or n
         after = min(keep, n - p)  # logits kept from each part
         before = keep - after
-        head = self.forward(cache, tokens[:, :p], None if positions is None else positions[:, :p],
-                            None if mask is None else mask[:, :p, :p], max(before, 1), fused_prefix, batch_invariant)
-        tail = self.forward(cache, tokens[:, p:], None if positions is None else positions[:, p:],
-                            None if mask is None else mask[:, p:, :n], after, 0, batch_invariant)
+        head = self.forward(
+            cache,
+            tokens[:, :p],
+            None if positions is None else positions[:, :p],
+            None if mask is None else mask[:, :p, :p],
+            max(before, 1),
+            fused_prefix,
+            batch_invariant,
+        )
+        tail = self.forward(
+            cache,
+            tokens[:, p:],
+            None if positions is None else positions[:, p:],
+            None if mask is None else mask[:, p:, :n],
+            after,
+            0,
+            batch_invariant,
+        )
         return torch.cat([head[:, head.shape[1] - before :], tail], 1)
 
     def _run_graphed(self, ids, positions, masks, slots, cache):
@@ -611,8 +685,12 @@ class HFModel(LanguageModel):
         graph's own logits [rows, width, vocab]."""
         named = sorted(masks.items()) if isinstance(masks, dict) else [(None, masks)]
         buffers = (*cache.key_buffers, *cache.value_buffers)
-        key = (tuple(ids.shape), tuple((k, tuple(m.shape)) for k, m in named),
-               tuple(b.data_ptr() for b in buffers), tuple(tuple(b.shape) for b in buffers))
+        key = (
+            tuple(ids.shape),
+            tuple((k, tuple(m.shape)) for k, m in named),
+            tuple(b.data_ptr() for b in buffers),
+            tuple(tuple(b.shape) for b in buffers),
+        )
         entry = self._graphs.pop(key, None)
         if entry is None:
             entry = self._capture(ids, positions, named, slots, cache)
@@ -628,8 +706,10 @@ class HFModel(LanguageModel):
     def _capture(self, ids, positions, named, slots, cache):
         t0 = time.perf_counter()
         compiled_before = self.compile_seconds
-        inputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
-                  for t in (ids, positions, *(m for _, m in named), slots)]
+        inputs = [
+            torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+            for t in (ids, positions, *(m for _, m in named), slots)
+        ]
 
         def step():
             ids, positions, *masks, slots = inputs
@@ -668,9 +748,17 @@ class HFModel(LanguageModel):
             extra["ms_splits"] = split
         if exact:
             extra["ms_exact"] = True
-        return self.model(input_ids=ids, position_ids=positions, attention_mask=masks, use_cache=False,
-                          logits_to_keep=logits_to_keep, ms_keys=keys, ms_values=values, ms_slots=slots,
-                          **extra).logits
+        return self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=masks,
+            use_cache=False,
+            logits_to_keep=logits_to_keep,
+            ms_keys=keys,
+            ms_values=values,
+            ms_slots=slots,
+            **extra,
+        ).logits
 
     def _check_invariance(self, width: int) -> None:
         """The batch-invariant step for `width` new tokens (one row) against one-token steps, once per bucket on
@@ -690,9 +778,11 @@ class HFModel(LanguageModel):
             self.compile_seconds = compiled_before + time.perf_counter() - t0
         self.invariance[width] = differing
         if differing:
-            note(f"multispec: {self.name}'s batch-invariant step for {width} new tokens gave {differing} of {width} "
-                 "tokens other logits than one-token steps on this machine: its kernels change with the rows "
-                 "here, and greedy speculative outputs may differ from greedy ar's")
+            note(
+                f"multispec: {self.name}'s batch-invariant step for {width} new tokens gave {differing} of {width} "
+                "tokens other logits than one-token steps on this machine: its kernels change with the rows "
+                "here, and greedy speculative outputs may differ from greedy ar's"
+            )
 
     def _probe_invariance(self, width: int) -> int:
         """Of a chain of `width` random tokens after a short prompt, how many get other logits scored in one
@@ -803,13 +893,18 @@ class HFModel(LanguageModel):
             # a few hundred guards took about 0.8 ms of a target step here; guards on the inputs stay.
             isolated = {"isolate_recompiles": True} if _COMPILE_ISOLATES else {}  # torch < 2.13 lacks it
             self._compiled[kind] = torch.compile(
-                self._step_for(kind), dynamic=None, **isolated,
-                options={**kernels, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+                self._step_for(kind),
+                dynamic=None,
+                **isolated,
+                options={**kernels, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+            )
         what = f" ({kind} kernels)" if self.device.type == "cpu" else ""
         if (kind, shape) not in self._shapes:
             self._shapes.add((kind, shape))
-            note(f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
-                  "process) ...")
+            note(
+                f"multispec: compiling {self.name} for {shape[0]} x {shape[1]} new tokens{what} (once per shape and "
+                "process) ..."
+            )
         graphs = counters["stats"]["unique_graphs"]
         with _compile_settings(kernels):
             logits = self._compiled[kind](*args)
@@ -843,14 +938,19 @@ class HFModel(LanguageModel):
         # only the kept variant's package stays on disk (and a one-token batch-invariant step's: `_race_exact`
         # times it next)
         for other in (*VARIANTS, INVARIANT_DPBF16):
-            if (other != kind and self._packages.pop((other, shape), None) is not None
-                    and (other, shape) != (INVARIANT_DPBF16, (1, 1))):
+            if (
+                other != kind
+                and self._packages.pop((other, shape), None) is not None
+                and (other, shape) != (INVARIANT_DPBF16, (1, 1))
+            ):
                 packaged.remove(packaged.path_for(self._package_key(), other, shape))
         logits = self._call_compiled(kind, shape, args)
         self.compile_seconds = compiled_before + time.perf_counter() - t0
-        note(f"multispec: {self.name} {shape[0]} x {shape[1]}: "
-              + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
-              + f" per step here; keeps {kind}")
+        note(
+            f"multispec: {self.name} {shape[0]} x {shape[1]}: "
+            + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in seconds.items())
+            + f" per step here; keeps {kind}"
+        )
         return logits
 
     def _race(self, shape, args, kinds: list[str], failed: list[str]) -> dict[str, float]:
@@ -863,8 +963,10 @@ class HFModel(LanguageModel):
             except Exception as e:  # noqa: BLE001 - the other variants run the step
                 if not on_dpbf16(kind) or len(kinds) == 1:
                     raise
-                note(f"multispec: {self.name} {shape[0]} x {shape[1]}: left out the {kind} kernels "
-                     f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+                note(
+                    f"multispec: {self.name} {shape[0]} x {shape[1]}: left out the {kind} kernels "
+                    f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                )
                 kinds.remove(kind)
                 failed.append(kind)
         times: dict[str, list[float]] = {kind: [] for kind in kinds}
@@ -898,8 +1000,9 @@ class HFModel(LanguageModel):
         what = f"{self.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
         if step is None:
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
-            routed = (dpbf16.routed(self.model, concat=kind.endswith(CONCAT)) if on_dpbf16(kind)
-                      else contextlib.nullcontext())
+            routed = (
+                dpbf16.routed(self.model, concat=kind.endswith(CONCAT)) if on_dpbf16(kind) else contextlib.nullcontext()
+            )
             try:
                 with _compile_settings(kernels), routed:
                     packaged.build(path, self._package_key(), self.model, self._step_for(kind), args, kernels)
@@ -910,20 +1013,28 @@ class HFModel(LanguageModel):
                 if on_dpbf16(kind):  # our kernel runs only in packages; the others may still export
                     raise
                 self._packaged = False
-                note(f"multispec: {self.name} is compiled in memory, per process: it does not export "
-                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+                note(
+                    f"multispec: {self.name} is compiled in memory, per process: it does not export "
+                    f"({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                )
                 return None
             self.compiles += 1
-            note(f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)")
+            note(
+                f"multispec: compiled in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / 1e6:.0f} MB on disk)"
+            )
             outdated = packaged.prune_stale()
             if outdated:
-                note(f"multispec: removed {len(outdated)} compiled step(s) of an older graph "
-                     f"({sum(p['bytes'] for p in outdated) / 1e6:.0f} MB): this version compiles its own")
+                note(
+                    f"multispec: removed {len(outdated)} compiled step(s) of an older graph "
+                    f"({sum(p['bytes'] for p in outdated) / 1e6:.0f} MB): this version compiles its own"
+                )
             removed = packaged.prune(keep=path)
             if removed:
-                note(f"multispec: removed {len(removed)} least recently used compiled step(s) "
-                      f"({sum(p['bytes'] for p in removed) / 1e6:.0f} MB) to stay within "
-                      f"{packaged.LIMIT_VARIABLE}={packaged.limit_bytes() / 1e9:g}")
+                note(
+                    f"multispec: removed {len(removed)} least recently used compiled step(s) "
+                    f"({sum(p['bytes'] for p in removed) / 1e6:.0f} MB) to stay within "
+                    f"{packaged.LIMIT_VARIABLE}={packaged.limit_bytes() / 1e9:g}"
+                )
         else:
             note(f"multispec: loaded the compiled step of {what} in {time.perf_counter() - t0:.1f} s")
         self.compile_seconds += time.perf_counter() - t0
@@ -964,8 +1075,9 @@ class HFModel(LanguageModel):
         per_row = positions.dim() == 2
         if self.sliding_window:
             kp = cache.key_positions
-            cache.key_positions = (kp.expand(positions.shape[0], -1).gather(1, positions) if per_row
-                                   else kp[:, positions])
+            cache.key_positions = (
+                kp.expand(positions.shape[0], -1).gather(1, positions) if per_row else kp[:, positions]
+            )
         for layer in cache.layers:
             if not layer.is_initialized:
                 continue
@@ -984,8 +1096,11 @@ class HFModel(LanguageModel):
         if self.sliding_window:
             b, n = tokens.shape
             past = cache.key_positions.shape[1]
-            new = (positions.to(self.device) if positions is not None
-                   else torch.arange(past, past + n, device=self.device).expand(b, n))
+            new = (
+                positions.to(self.device)
+                if positions is not None
+                else torch.arange(past, past + n, device=self.device).expand(b, n)
+            )
             keys = torch.cat([cache.key_positions.expand(b, -1), new.expand(b, -1)], 1)
             cache.key_positions = keys
         if mask is not None:
@@ -993,10 +1108,18 @@ class HFModel(LanguageModel):
             kwargs["attention_mask"] = self._additive(mask)
             if self.sliding_window:  # a key is in the window when its position is within `window` of the query's
                 windowed = self._additive(mask & (keys[:, None, :] > new[:, :, None] - self.sliding_window))
-                kwargs["attention_mask"] = ({"full_attention": kwargs["attention_mask"], "sliding_attention": windowed}
-                                            if self.mixed_layers else windowed)
-        out = self.model(input_ids=tokens.to(self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=logits_to_keep, **kwargs)
+                kwargs["attention_mask"] = (
+                    {"full_attention": kwargs["attention_mask"], "sliding_attention": windowed}
+                    if self.mixed_layers
+                    else windowed
+                )
+        out = self.model(
+            input_ids=tokens.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
         return out.logits[..., : self.vocab_size].float()
 
     def _additive(self, mask: torch.Tensor) -> torch.Tensor:
@@ -1043,8 +1166,10 @@ def _compile_settings(kernels: dict):
         with warnings.catch_warnings():
             # inductor's autotuner calls a deprecated storage method; the user can do nothing about it
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-            with dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512), \
-                    inductor.patch(kernels):
+            with (
+                dynamo.patch(automatic_dynamic_shapes=False, recompile_limit=64, accumulated_recompile_limit=512),
+                inductor.patch(kernels),
+            ):
                 yield
     finally:
         select.PRINT_AUTOTUNE = quiet
@@ -1098,8 +1223,9 @@ def _store_check(model, width: int, differing: int) -> None:
     _store_entry(model._package_key(), f"{model.invariant_kind()} 1x{width}", {"differing": differing, "of": width})
 
 
-def _store_kernel(model, shape, kind: str, seconds: dict[str, float], failed: list[str],
-                  before: dict | None = None) -> None:
+def _store_kernel(
+    model, shape, kind: str, seconds: dict[str, float], failed: list[str], before: dict | None = None
+) -> None:
     """The kept variant, the step times of the race (ms) and the variants that failed to compile; `before`: the
     choice an earlier process stored, which this race redid with variants it lacked (its times: `before_ms`)."""
     entry = {"kernel": kind, "step_ms": {k: round(1e3 * v, 3) for k, v in seconds.items()}}

@@ -91,8 +91,9 @@ def pack(model) -> tuple[bool, float, float]:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         inputs = {}
         for w in weights:
-            inputs.setdefault(w.shape[1], torch.randn(1, 1, w.shape[1], generator=torch.Generator().manual_seed(0)
-                                                      ).to(w.dtype))
+            inputs.setdefault(
+                w.shape[1], torch.randn(1, 1, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+            )
         bias = [m.bias for m in found]
 
         def plain_pass():

@@ -43,9 +43,7 @@ class MarkovLM(LanguageModel):
     def new_cache(self) -> MarkovCache:
         return MarkovCache()
 
-
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
-                batch_invariant=True):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         b, n = tokens.shape
         if positions is None:
             positions = cache.length + torch.arange(n).expand(b, n)
@@ -113,8 +111,15 @@ class HistoryLM(LanguageModel):
     therefore changes its output, which makes it the exact model for testing trees and caches.
     """
 
-    def __init__(self, vocab: int, seed: int = 0, concentration: float = 1.0, max_length: int = 16,
-                 name: str = "history", eos_token_id: int | None = None):
+    def __init__(
+        self,
+        vocab: int,
+        seed: int = 0,
+        concentration: float = 1.0,
+        max_length: int = 16,
+        name: str = "history",
+        eos_token_id: int | None = None,
+    ):
         self.vocab_size, self.seed, self.concentration = vocab, seed, concentration
         self.max_length, self.name, self.eos_token_id = max_length, name, eos_token_id
         self._rows: dict[tuple[int, ...], torch.Tensor] = {}
@@ -129,9 +134,7 @@ class HistoryLM(LanguageModel):
     def new_cache(self) -> HistoryCache:
         return HistoryCache()
 
-
-    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0,
-                batch_invariant=True):
+    def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         b, n = tokens.shape
         past = cache.tokens.shape[1]
         if cache.tokens.shape[0] != b:
@@ -181,5 +184,7 @@ class HistoryLM(LanguageModel):
 
 
 def random_history_pair(vocab: int, seed: int, concentration: float = 1.0, max_length: int = 16):
-    return (HistoryLM(vocab, seed * 2, concentration, max_length, name="history-target"),
-            HistoryLM(vocab, seed * 2 + 1, concentration, max_length, name="history-draft"))
+    return (
+        HistoryLM(vocab, seed * 2, concentration, max_length, name="history-target"),
+        HistoryLM(vocab, seed * 2 + 1, concentration, max_length, name="history-draft"),
+    )

@@ -52,8 +52,9 @@ def limit_bytes() -> int:
     except ValueError:
         gb = -1.0
     if not gb >= 0 or gb == float("inf"):
-        raise ValueError(f"{LIMIT_VARIABLE}={text!r}: give the gigabytes compiled steps may take on disk, "
-                         "a number >= 0")
+        raise ValueError(
+            f"{LIMIT_VARIABLE}={text!r}: give the gigabytes compiled steps may take on disk, a number >= 0"
+        )
     return int(gb * 1e9)
 
 
@@ -104,13 +105,25 @@ def export(model: torch.nn.Module, run: Callable, args: tuple) -> torch.export.E
     width = ids.shape[1]
     key_length = Dim("key_length", min=width + 1, max=LONGEST)
     capacity = Dim("capacity", min=width + 1, max=LONGEST)  # at least the keys a step reads
-    spec = (None, None, pytree.tree_map(lambda m: {m.dim() - 1: key_length}, masks), None,
-            [{2: capacity}] * len(keys), [{2: capacity}] * len(values))
+    spec = (
+        None,
+        None,
+        pytree.tree_map(lambda m: {m.dim() - 1: key_length}, masks),
+        None,
+        [{2: capacity}] * len(keys),
+        [{2: capacity}] * len(values),
+    )
     with torch.inference_mode(False), torch.no_grad():
         # the engine's tensors may be inference tensors, which export cannot trace writes into; only shapes
         # and types matter here
-        examples = (ids.clone(), positions.clone(), pytree.tree_map(lambda m: m.contiguous().clone(), masks),
-                    slots.clone(), [torch.zeros_like(k) for k in keys], [torch.zeros_like(v) for v in values])
+        examples = (
+            ids.clone(),
+            positions.clone(),
+            pytree.tree_map(lambda m: m.contiguous().clone(), masks),
+            slots.clone(),
+            [torch.zeros_like(k) for k in keys],
+            [torch.zeros_like(v) for v in values],
+        )
         return torch.export.export(Step(model, run), examples, dynamic_shapes=spec, strict=False)
 
 
@@ -156,8 +169,16 @@ def packages() -> list[dict]:
             key = json.loads((path.parent / "key.json").read_text())["key"]
         except (OSError, ValueError, KeyError, TypeError):
             key = ""
-        found.append({"path": path, "model": key.split("|", 1)[0] or "?", "key": key, "bytes": stat.st_size,
-                      "used": stat.st_mtime, "stale": bool(key) and stale(key)})
+        found.append(
+            {
+                "path": path,
+                "model": key.split("|", 1)[0] or "?",
+                "key": key,
+                "bytes": stat.st_size,
+                "used": stat.st_mtime,
+                "stale": bool(key) and stale(key),
+            }
+        )
     return sorted(found, key=lambda p: -p["used"])
 
 

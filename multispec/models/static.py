@@ -55,8 +55,9 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     ([B, n, Hq, dv], None) like transformers' implementations."""
     keys_all = kwargs.get("ms_keys")
     if keys_all is None:
-        return _fallback(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                 softcap=softcap, **kwargs)
+        return _fallback(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, softcap=softcap, **kwargs
+        )
     probe = kwargs.get("ms_probe")
     if probe is not None:  # shape discovery: one entry per layer that calls us
         probe.append((module.layer_idx, tuple(key.shape), tuple(value.shape), key.device))
@@ -81,11 +82,23 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             # the first `fused` tokens, a prompt's start fed into an empty cache, attend causally among themselves
             # through torch's fused kernel; the rest as in a step (`HFModel.forward`, `fused_prefix`)
             head = torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, :fused], key[:, :, :fused], value[:, :, :fused], is_causal=True, scale=scaling,
-                enable_gqa=True)
+                query[:, :, :fused],
+                key[:, :, :fused],
+                value[:, :, :fused],
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=True,
+            )
             if fused < query.shape[2]:
-                rest = attend(query[:, :, fused:], keys[:, :, :width], values[:, :, : whole_blocks(width)],
-                              attention_mask[:, :, fused:], float(scaling), 0.0, split)
+                rest = attend(
+                    query[:, :, fused:],
+                    keys[:, :, :width],
+                    values[:, :, : whole_blocks(width)],
+                    attention_mask[:, :, fused:],
+                    float(scaling),
+                    0.0,
+                    split,
+                )
                 head = torch.cat([head, rest], 2)
             return head.transpose(1, 2), None
         if kwargs.get("ms_exact") and not softcap and dpbf16.attends(query.shape[-1], value.shape[-1]):
@@ -97,8 +110,14 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             # inside a compiled step: plain operators that inductor fuses (one softmax kernel between two
             # products) with the key length symbolic; the batch-invariant `attend` runs as a dozen separate
             # operators per layer, and only the batch-invariant compiled step (which passes splits) needs it
-            return attend_traced(query, keys[:, :, :width], values[:, :, :width, :-1], attention_mask,
-                                 float(scaling), float(softcap or 0.0)).transpose(1, 2), None
+            return attend_traced(
+                query,
+                keys[:, :, :width],
+                values[:, :, :width, :-1],
+                attention_mask,
+                float(scaling),
+                float(softcap or 0.0),
+            ).transpose(1, 2), None
         # the whole buffers: `attend` reads the first `width` slots (slicing them here would tie the key length
         # to the cache's capacity in an exported step)
         k, v = keys, values
@@ -139,8 +158,15 @@ def with_ones(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
 # An opaque operator in compiled graphs: inductor calls it as it is, so the key length may change from step
 # to step without a recompile, and no GEMM template is tried on a product with a symbolic shape.
 @torch.library.custom_op("multispec::attend", mutates_args=())
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-           scaling: float, softcap: float, split: torch.Tensor | None = None) -> torch.Tensor:
+def attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float,
+    split: torch.Tensor | None = None,
+) -> torch.Tensor:
     """query [B, Hq, n, d], keys [B, Hkv, K, d] and values with ones [B, Hkv, K', dv + 1] (float32, or bfloat16
     widened here; `with_ones`; K' >= K: slots up to K rounded up to whole KEY_BLOCKs, finite, padded when missing),
     additive float mask [B, 1, n, K], optionally each query's split [B, n] (`splits`) -> [B, Hq, n, dv],
@@ -161,9 +187,17 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
     for i in range(0, n, QUERY_CHUNK):
         rows = None if mask is None else mask[:, :, i : i + QUERY_CHUNK]
         width = keys.shape[2] if rows is None else _seen_width(rows)
-        out.append(_attend_block(query[:, :, i : i + QUERY_CHUNK], keys[:, :, :width],
-                                 values[:, :, : whole_blocks(width)], None if rows is None else rows[..., :width],
-                                 scaling, softcap, split=None if split is None else split[:, i : i + QUERY_CHUNK]))
+        out.append(
+            _attend_block(
+                query[:, :, i : i + QUERY_CHUNK],
+                keys[:, :, :width],
+                values[:, :, : whole_blocks(width)],
+                None if rows is None else rows[..., :width],
+                scaling,
+                softcap,
+                split=None if split is None else split[:, i : i + QUERY_CHUNK],
+            )
+        )
     return torch.cat(out, 2)
 
 
@@ -193,9 +227,15 @@ def query_rows(group: int, kv_heads: int, head_dim: int, value_dim: int, device)
             for rows in range(MIN_QUERY_ROWS - 1, fewest - 1, -1):  # down from the top: the first that fails bounds it
                 # every token in products of t tokens padded to `rows` rows, or of exactly `rows` rows (whether
                 # the order changes a rounding depends on the numbers, so one product is not enough to see it)
-                if any(not torch.equal(_attend_block(q[:, :, i : i + t], keys, values, mask[:, :, i : i + t],
-                                                     0.125, 0.0, rows), full[:, :, i : i + t])
-                       for t in range(1, tokens) if group * t <= rows for i in range(0, tokens, t)):
+                if any(
+                    not torch.equal(
+                        _attend_block(q[:, :, i : i + t], keys, values, mask[:, :, i : i + t], 0.125, 0.0, rows),
+                        full[:, :, i : i + t],
+                    )
+                    for t in range(1, tokens)
+                    if group * t <= rows
+                    for i in range(0, tokens, t)
+                ):
                     fewest = rows + 1
                     break
         _QUERY_ROWS[key] = fewest
@@ -210,8 +250,16 @@ def splits(positions: torch.Tensor) -> torch.Tensor:
     return (positions.div(TAIL, rounding_mode="floor") * TAIL - TAIL).clamp_(min=0)
 
 
-def _attend_block(query, keys, values, mask, scaling: float, softcap: float, min_rows: int | None = None,
-                  split: torch.Tensor | None = None):
+def _attend_block(
+    query,
+    keys,
+    values,
+    mask,
+    scaling: float,
+    softcap: float,
+    min_rows: int | None = None,
+    split: torch.Tensor | None = None,
+):
     # Batch invariance: a token's output must not depend on how many tokens, or which tree, it is scored
     # with. So (1) every product has at least `query_rows(...)` rows (CPU matmul libraries switch kernels, and
     # summation order, for a handful of rows); (2) the normaliser is a column of ones in the values product
@@ -354,8 +402,14 @@ class StaticKV:
     a multiple of KEY_BLOCK and grows by doubling when a forward needs more; `positions` [rows, capacity]
     keeps each entry's position id for sliding-window masks."""
 
-    def __init__(self, shapes: list[tuple[tuple[int, ...], tuple[int, ...], torch.device]], dtype: torch.dtype,
-                 device: torch.device, capacity: int = KEY_BLOCK, storage: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        shapes: list[tuple[tuple[int, ...], tuple[int, ...], torch.device]],
+        dtype: torch.dtype,
+        device: torch.device,
+        capacity: int = KEY_BLOCK,
+        storage: torch.dtype = torch.float32,
+    ):
         self.shapes, self.dtype, self.device, self.storage = shapes, dtype, device, storage
         self.length = 0
         self.rows = 1
@@ -404,7 +458,8 @@ class StaticKV:
         keys: list[torch.Tensor | None] = [None] * len(self.shapes)
         values: list[torch.Tensor | None] = [None] * len(self.shapes)
         for ((key_heads, key_dim, value_heads, value_dim, _), layers), old_k, old_v in zip(
-                self._groups, old_keys, old_values, strict=True):
+            self._groups, old_keys, old_values, strict=True
+        ):
             device = self.shapes[layers[0]][2]
             k = grow(old_k, len(layers), key_heads, key_dim, device, False)
             v = grow(old_v, len(layers), value_heads, value_dim, device, True)

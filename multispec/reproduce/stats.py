@@ -27,8 +27,9 @@ class Estimate:
     n: int  # prompts (or simulated runs) it rests on
 
 
-def paired_bootstrap(statistic: Callable[..., float], *arrays, resamples: int = RESAMPLES, level: float = LEVEL,
-                     seed: int = 0) -> Estimate:
+def paired_bootstrap(
+    statistic: Callable[..., float], *arrays, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> Estimate:
     """`statistic(*arrays)` on the data, with a `level` percentile interval from resampling the shared index.
     Each array is [n] or [n, ...]; the statistic must accept the same shapes with the first axis resampled."""
     data = [np.asarray(a, dtype=float) for a in arrays]
@@ -47,6 +48,7 @@ def paired_bootstrap(statistic: Callable[..., float], *arrays, resamples: int = 
 
 
 # -- statistics on per-prompt arrays (a: the method, b: what it is compared with) -------------------
+
 
 def throughput_ratio(tokens_a, seconds_a, tokens_b, seconds_b) -> float:
     """Overall tokens per second of a over that of b (total tokens / total time, as the papers report)."""
@@ -78,8 +80,9 @@ def mean_ratio(a, b) -> float:
 REPRODUCED, DIRECTION, NOT = "reproduced", "direction only", "not reproduced"
 
 
-def verdict(est: Estimate, null: float, direction: int, expected: tuple[float, float] | None,
-            margin: float = 0.05) -> str:
+def verdict(
+    est: Estimate, null: float, direction: int, expected: tuple[float, float] | None, margin: float = 0.05
+) -> str:
     """direction +1: the paper says the statistic is above `null` (no effect), -1 below, 0 equal to it.
     *reproduced*: the interval lies on the paper's side of `null` and reaches the paper's value (or range,
     `expected`); *direction only*: on the paper's side but not reaching it; *not reproduced*: the interval

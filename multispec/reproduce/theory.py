@@ -17,9 +17,18 @@ EPS = (0.0, 0.02, 0.05, 0.1, 0.2)
 
 
 def settings(quick: bool) -> dict:
-    return {"vocab": 7, "horizon": 50, "runs": 100 if quick else 1000, "batch": 4 if quick else 5,
-            "opt_runs": 500 if quick else 4000, "seed": 0, "bridge_prompts": 2 if quick else 10,
-            "bridge_tokens": 32 if quick else 64, "gamma": 4, "temperature": 1.0}
+    return {
+        "vocab": 7,
+        "horizon": 50,
+        "runs": 100 if quick else 1000,
+        "batch": 4 if quick else 5,
+        "opt_runs": 500 if quick else 4000,
+        "seed": 0,
+        "bridge_prompts": 2 if quick else 10,
+        "bridge_tokens": 32 if quick else 64,
+        "gamma": 4,
+        "temperature": 1.0,
+    }
 
 
 def _save(path: Path, data: dict) -> None:
@@ -38,8 +47,10 @@ def compute(out: Path, quick: bool, target=None, draft=None, prompts=None, say=l
     if data.get("settings") != s:
         data = {"settings": s}
     rng = np.random.default_rng(s["seed"])
-    draft_rows, target_rows = calc.uniform_rows(rng, s["horizon"], s["vocab"]), calc.uniform_rows(rng, s["horizon"],
-                                                                                                   s["vocab"])
+    draft_rows, target_rows = (
+        calc.uniform_rows(rng, s["horizon"], s["vocab"]),
+        calc.uniform_rows(rng, s["horizon"], s["vocab"]),
+    )
     sims = data.setdefault("simulations", {})
     if "sd" not in sims:
         say(f"theory: sd on random chains, {s['runs']} runs")
@@ -50,12 +61,18 @@ def compute(out: Path, quick: bool, target=None, draft=None, prompts=None, say=l
         m = s["batch"]
         say(f"theory: batch-sd with M={m}, {s['runs']} runs")
         runs = rejections_per_run(draft_rows, target_rows, s["runs"], "batch-sd", seed=s["seed"] + m, drafts=m)
-        sims["batch"] = {"M": m, "exact": calc.batch_rejections(draft_rows, target_rows, m).total,
-                         "per_run": runs.tolist()}
+        sims["batch"] = {
+            "M": m,
+            "exact": calc.batch_rejections(draft_rows, target_rows, m).total,
+            "per_run": runs.tolist(),
+        }
         ms = list(range(1, 51))
-        data["batch_curve"] = {"M": ms, "exact": [calc.batch_rejections(draft_rows, target_rows, k).total for k in ms],
-                               "limit": calc.batch_rejections(draft_rows, target_rows, np.inf).total,
-                               "simulated": {str(m): float(runs.mean())}}
+        data["batch_curve"] = {
+            "M": ms,
+            "exact": [calc.batch_rejections(draft_rows, target_rows, k).total for k in ms],
+            "limit": calc.batch_rejections(draft_rows, target_rows, np.inf).total,
+            "simulated": {str(m): float(runs.mean())},
+        }
         _save(path, data)
     if "sd_opt" not in data:
         d1, t1 = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
@@ -64,20 +81,35 @@ def compute(out: Path, quick: bool, target=None, draft=None, prompts=None, say=l
         for eps in EPS:
             for mode in ("opt", "uno"):
                 say(f"theory: sd-opt ε={eps:g} ({mode}), {s['opt_runs']} runs")
-                tokens, rejected = first_token_draws(d1, t1, s["opt_runs"], "sd-opt", seed=s["seed"], eps=eps,
-                                                     resample=mode)
+                tokens, rejected = first_token_draws(
+                    d1, t1, s["opt_runs"], "sd-opt", seed=s["seed"], eps=eps, resample=mode
+                )
                 law = np.bincount(tokens, minlength=8) / len(tokens)
                 b = calc.relaxed_acceptance(d1, t1, eps)
                 r = calc.rejection(b, d1)
                 exact = b * d1 + r * (calc.optimal_resampling(b, d1, t1) if mode == "opt" else t1)
-                points.append({"eps": eps, "resample": mode, "tokens": tokens.tolist(), "rejected": rejected.tolist(),
-                               "rejection": float(rejected.mean()), "bias": float(calc.tv(law, t1)),
-                               "exact_law": exact.tolist(), "exact_rejection": float(r),
-                               "exact_bias": float(calc.tv(exact, t1))})
+                points.append(
+                    {
+                        "eps": eps,
+                        "resample": mode,
+                        "tokens": tokens.tolist(),
+                        "rejected": rejected.tolist(),
+                        "rejection": float(rejected.mean()),
+                        "bias": float(calc.tv(law, t1)),
+                        "exact_law": exact.tolist(),
+                        "exact_rejection": float(r),
+                        "exact_bias": float(calc.tv(exact, t1)),
+                    }
+                )
         eps_grid = np.linspace(0, float(d1.max()), 60)
         curve = calc.tradeoff_curve(d1, t1, eps_grid)
-        data["sd_opt"] = {"draft": d1.tolist(), "target": t1.tolist(), "tv": tv, "points": points,
-                          "curve": {k: np.asarray(v).tolist() for k, v in curve.items()}}
+        data["sd_opt"] = {
+            "draft": d1.tolist(),
+            "target": t1.tolist(),
+            "tv": tv,
+            "points": points,
+            "curve": {k: np.asarray(v).tolist() for k, v in curve.items()},
+        }
         _save(path, data)
     if target is not None and draft is not None and prompts:
         data["bridge"] = bridge(out, s, target, draft, prompts[: s["bridge_prompts"]], say)
@@ -92,8 +124,11 @@ def bridge(out: Path, s: dict, target, draft, prompts, say) -> dict:
 
     path = out / "bridge.jsonl"
     key = {k: s[k] for k in ("gamma", "temperature", "bridge_tokens")} | {"target": target.name, "draft": draft.name}
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
-        if path.exists() else []
+    rows = (
+        [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
     rows = [r for r in rows if r.get("settings") == key]
     done = {r["prompt_id"] for r in rows}
     with open(path, "a", encoding="utf-8") as log:
@@ -103,9 +138,15 @@ def bridge(out: Path, s: dict, target, draft, prompts, say) -> dict:
             say(f"theory: bridge prompt {i + 1}/{len(prompts)}")
             ids = target.encode(p.text, chat=True)
             try:
-                (row,) = predict_and_measure(target, draft, [ids], gamma=s["gamma"],
-                                             max_new_tokens=s["bridge_tokens"], sampling=Sampling(s["temperature"]),
-                                             seed=s["seed"] + i)
+                (row,) = predict_and_measure(
+                    target,
+                    draft,
+                    [ids],
+                    gamma=s["gamma"],
+                    max_new_tokens=s["bridge_tokens"],
+                    sampling=Sampling(s["temperature"]),
+                    seed=s["seed"] + i,
+                )
             except ValueError as e:  # a prompt the models cannot take (too long): the others still count
                 say(f"theory: bridge prompt {p.id} skipped: {e}")
                 continue
@@ -114,5 +155,9 @@ def bridge(out: Path, s: dict, target, draft, prompts, say) -> dict:
             log.write(json.dumps(r) + "\n")
             log.flush()
     wanted = {p.id for p in prompts}
-    return {"gamma": s["gamma"], "temperature": s["temperature"], "max_new_tokens": s["bridge_tokens"],
-            "rows": [r for r in rows if r["prompt_id"] in wanted]}
+    return {
+        "gamma": s["gamma"],
+        "temperature": s["temperature"],
+        "max_new_tokens": s["bridge_tokens"],
+        "rows": [r for r in rows if r["prompt_id"] in wanted],
+    }

@@ -18,6 +18,17 @@ from .calculators import (
 )
 
 __all__ = [
-    "Rejections", "batch_first_token", "batch_rejections", "loss_of", "loss_star", "optimal_resampling",
-    "pareto", "rejection", "relaxed_acceptance", "sd_rejections", "tradeoff_curve", "tv", "uniform_rows",
+    "Rejections",
+    "batch_first_token",
+    "batch_rejections",
+    "loss_of",
+    "loss_star",
+    "optimal_resampling",
+    "pareto",
+    "rejection",
+    "relaxed_acceptance",
+    "sd_rejections",
+    "tradeoff_curve",
+    "tv",
+    "uniform_rows",
 ]

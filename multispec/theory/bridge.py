@@ -60,13 +60,23 @@ def per_position_tv(target, draft, prompt_ids: list[int], continuation: list[int
     return (probs[0] - probs[1]).clamp_min(0).sum(-1).numpy()
 
 
-def predict_and_measure(target, draft, prompts: list[str], gamma: int = 4, max_new_tokens: int = 64,
-                        sampling: Sampling | None = None, seed: int = 0, measure: bool = True) -> list[BridgeRow]:
+def predict_and_measure(
+    target,
+    draft,
+    prompts: list[str],
+    gamma: int = 4,
+    max_new_tokens: int = 64,
+    sampling: Sampling | None = None,
+    seed: int = 0,
+    measure: bool = True,
+) -> list[BridgeRow]:
     sampling = sampling or Sampling()
     out = []
     for i, prompt in enumerate(prompts):
         kw = {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
-        ref = generate(target, None, prompt, method="ar", max_new_tokens=max_new_tokens, seed=seed + i, score=False, **kw)
+        ref = generate(
+            target, None, prompt, method="ar", max_new_tokens=max_new_tokens, seed=seed + i, score=False, **kw
+        )
         tvs = per_position_tv(target, draft, ref.prompt_ids, ref.token_ids, sampling)
         accept = 1 - tvs
         a = float(accept.mean())
@@ -74,8 +84,17 @@ def predict_and_measure(target, draft, prompts: list[str], gamma: int = 4, max_n
         tau_pos = len(accept) / positional_calls(accept, gamma)
         m_acc = m_tau = None
         if measure:
-            st = generate(target, draft, prompt, method="sd", gamma=gamma, max_new_tokens=max_new_tokens,
-                          seed=seed + 10_000 + i, score=False, **kw).stats
+            st = generate(
+                target,
+                draft,
+                prompt,
+                method="sd",
+                gamma=gamma,
+                max_new_tokens=max_new_tokens,
+                seed=seed + 10_000 + i,
+                score=False,
+                **kw,
+            ).stats
             examined = st["accepted"] + st["rejections"]
             m_acc = st["accepted"] / examined if examined else None
             m_tau = st["block_efficiency"]
@@ -88,6 +107,12 @@ def summarise(rows: list[BridgeRow]) -> dict:
         vals = [getattr(r, key) for r in rows if getattr(r, key) is not None]
         return float(np.mean(vals)) if vals else None
 
-    keys = ["mean_tv", "predicted_acceptance", "predicted_tau_iid", "predicted_tau_positional",
-            "measured_acceptance", "measured_tau"]
+    keys = [
+        "mean_tv",
+        "predicted_acceptance",
+        "predicted_tau_iid",
+        "predicted_tau_positional",
+        "measured_acceptance",
+        "measured_tau",
+    ]
     return {"prompts": len(rows), **{k: mean(k) for k in keys}, "rows": [asdict(r) for r in rows]}

@@ -141,5 +141,10 @@ def tradeoff_curve(draft: np.ndarray, target: np.ndarray, eps: np.ndarray) -> di
         rej.append(rejection(b, draft))
         opt.append(loss_of(b, optimal_resampling(b, draft, target), draft, target))
         uno.append(loss_of(b, target, draft, target))
-    return {"eps": np.asarray(eps, dtype=float), "rejection": np.array(rej), "loss_opt": np.array(opt),
-            "loss_uno": np.array(uno), "tv": float(tv(draft, target))}
+    return {
+        "eps": np.asarray(eps, dtype=float),
+        "rejection": np.array(rej),
+        "loss_opt": np.array(opt),
+        "loss_uno": np.array(uno),
+        "tv": float(tv(draft, target)),
+    }

@@ -18,25 +18,41 @@ from . import calculators as calc
 from .simulate import first_token_law, rejections_per_run, running_mean
 
 
-def compute(vocab: int = 7, horizon: int = 50, runs: int = 2000, batch_sizes=(4, 5), seed: int = 0,
-            opt_runs: int = 4000, progress=None) -> dict:
+def compute(
+    vocab: int = 7,
+    horizon: int = 50,
+    runs: int = 2000,
+    batch_sizes=(4, 5),
+    seed: int = 0,
+    opt_runs: int = 4000,
+    progress=None,
+) -> dict:
     rng = np.random.default_rng(seed)
     draft, target = calc.uniform_rows(rng, horizon, vocab), calc.uniform_rows(rng, horizon, vocab)
     sd_exact = calc.sd_rejections(draft, target)
     say = progress or (lambda _msg: None)
     say(f"simulating sd: {runs} runs, horizon {horizon}, vocabulary {vocab}")
     sd_runs = rejections_per_run(draft, target, runs, method="sd", seed=seed)
-    fig_a = {"sd": {"exact": sd_exact.total, "simulated_mean": float(sd_runs.mean()),
-                    "simulated_se": float(sd_runs.std(ddof=1) / np.sqrt(runs)),
-                    "acceleration_exact": sd_exact.acceleration(horizon), "expected_calls": sd_exact.expected_calls,
-                    "running_mean": running_mean(sd_runs).tolist()}}
+    fig_a = {
+        "sd": {
+            "exact": sd_exact.total,
+            "simulated_mean": float(sd_runs.mean()),
+            "simulated_se": float(sd_runs.std(ddof=1) / np.sqrt(runs)),
+            "acceleration_exact": sd_exact.acceleration(horizon),
+            "expected_calls": sd_exact.expected_calls,
+            "running_mean": running_mean(sd_runs).tolist(),
+        }
+    }
     for m in batch_sizes:
         say(f"simulating batch-sd with M = {m}")
         exact = calc.batch_rejections(draft, target, m)
         sim = rejections_per_run(draft, target, runs, method="batch-sd", seed=seed + m, drafts=m)
-        fig_a[f"batch-sd M={m}"] = {"exact": exact.total, "simulated_mean": float(sim.mean()),
-                                    "simulated_se": float(sim.std(ddof=1) / np.sqrt(runs)),
-                                    "running_mean": running_mean(sim).tolist()}
+        fig_a[f"batch-sd M={m}"] = {
+            "exact": exact.total,
+            "simulated_mean": float(sim.mean()),
+            "simulated_se": float(sim.std(ddof=1) / np.sqrt(runs)),
+            "running_mean": running_mean(sim).tolist(),
+        }
 
     ms = list(range(1, 51))
     by_m = [calc.batch_rejections(draft, target, m).total for m in ms]
@@ -45,12 +61,16 @@ def compute(vocab: int = 7, horizon: int = 50, runs: int = 2000, batch_sizes=(4,
     bern_d, bern_t = np.array([1 - a, a]), np.array([1 - c, c])
     n_uni, k_uni = 10, 4
     uni_d, uni_t = np.full(n_uni, 1 / n_uni), np.r_[np.full(k_uni, 1 / k_uni), np.zeros(n_uni - k_uni)]
-    fig_b = {"M": ms, "expected_rejections": by_m, "limit": limit, "sd": sd_exact.total,
-             "bernoulli": [float(calc.tv(bern_d, bern_t) - calc.batch_first_token(bern_d, bern_t, m)[0]) for m in ms],
-             "uniform": [float(calc.tv(uni_d, uni_t) - calc.batch_first_token(uni_d, uni_t, m)[0]) for m in ms],
-             "uniform_reversed": [float(calc.tv(uni_t, uni_d) - calc.batch_first_token(uni_t, uni_d, m)[0])
-                                  for m in ms],
-             "simulated": {m: fig_a[f"batch-sd M={m}"]["simulated_mean"] for m in batch_sizes}}
+    fig_b = {
+        "M": ms,
+        "expected_rejections": by_m,
+        "limit": limit,
+        "sd": sd_exact.total,
+        "bernoulli": [float(calc.tv(bern_d, bern_t) - calc.batch_first_token(bern_d, bern_t, m)[0]) for m in ms],
+        "uniform": [float(calc.tv(uni_d, uni_t) - calc.batch_first_token(uni_d, uni_t, m)[0]) for m in ms],
+        "uniform_reversed": [float(calc.tv(uni_t, uni_d) - calc.batch_first_token(uni_t, uni_d, m)[0]) for m in ms],
+        "simulated": {m: fig_a[f"batch-sd M={m}"]["simulated_mean"] for m in batch_sizes},
+    }
 
     # one step: a random pair, the front, random template algorithms, and measured sd-opt points
     d1, t1 = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
@@ -69,14 +89,37 @@ def compute(vocab: int = 7, horizon: int = 50, runs: int = 2000, batch_sizes=(4,
             law, rej = first_token_law(d1, t1, opt_runs, "sd-opt", seed=seed, eps=eps, resample=mode)
             b = calc.relaxed_acceptance(d1, t1, eps)
             exact_law = b * d1 + calc.rejection(b, d1) * (calc.optimal_resampling(b, d1, t1) if mode == "opt" else t1)
-            measured.append({"eps": eps, "resample": mode, "rejection": rej, "bias": float(calc.tv(law, t1)),
-                             "exact_rejection": calc.rejection(b, d1), "exact_bias": float(calc.tv(exact_law, t1)),
-                             "law_error": float(calc.tv(law, exact_law))})
-    fig_c = {"tv": tv1, "random_algorithms": scatter, "curve": {k: np.asarray(v).tolist() for k, v in curve.items()},
-             "measured": measured, "opt_runs": opt_runs}
-    return {"settings": {"vocab": vocab, "horizon": horizon, "runs": runs, "seed": seed,
-                         "rows": "u / sum(u), u ~ Uniform[0,1]^V", "prompt": "x0 ~ Uniform(V)"},
-            "fig_a": fig_a, "fig_b": fig_b, "fig_c": fig_c}
+            measured.append(
+                {
+                    "eps": eps,
+                    "resample": mode,
+                    "rejection": rej,
+                    "bias": float(calc.tv(law, t1)),
+                    "exact_rejection": calc.rejection(b, d1),
+                    "exact_bias": float(calc.tv(exact_law, t1)),
+                    "law_error": float(calc.tv(law, exact_law)),
+                }
+            )
+    fig_c = {
+        "tv": tv1,
+        "random_algorithms": scatter,
+        "curve": {k: np.asarray(v).tolist() for k, v in curve.items()},
+        "measured": measured,
+        "opt_runs": opt_runs,
+    }
+    return {
+        "settings": {
+            "vocab": vocab,
+            "horizon": horizon,
+            "runs": runs,
+            "seed": seed,
+            "rows": "u / sum(u), u ~ Uniform[0,1]^V",
+            "prompt": "x0 ~ Uniform(V)",
+        },
+        "fig_a": fig_a,
+        "fig_b": fig_b,
+        "fig_c": fig_c,
+    }
 
 
 def plot(data: dict, out: Path) -> list[Path]:
@@ -110,8 +153,15 @@ def plot(data: dict, out: Path) -> list[Path]:
     ax1.plot(b["M"], b["expected_rejections"], "o-", ms=3, label="Theorem 3")
     sim = b["simulated"]
     if sim:
-        ax1.scatter([int(m) for m in sim], list(sim.values()), marker="x", color="tab:red", zorder=3, s=40,
-                    label="batch-sd simulated")
+        ax1.scatter(
+            [int(m) for m in sim],
+            list(sim.values()),
+            marker="x",
+            color="tab:red",
+            zorder=3,
+            s=40,
+            label="batch-sd simulated",
+        )
     ax1.axhline(b["limit"], color="k", ls="--", lw=1, label=f"M → ∞ limit {b['limit']:.3f}")
     ax1.axhline(b["sd"], color="tab:green", ls=":", lw=1, label=f"SD (M = 1) {b['sd']:.3f}")
     ax1.set_xlabel("batch size M")
@@ -139,8 +189,15 @@ def plot(data: dict, out: Path) -> list[Path]:
     ax1.fill_between(rej, 0, np.maximum(c["tv"] - rej, 0), color="mistyrose", label="unattainable")
     for mode, marker, col in (("opt", "o", "tab:blue"), ("uno", "^", "tab:orange")):
         pts = [m for m in c["measured"] if m["resample"] == mode]
-        ax1.scatter([p["rejection"] for p in pts], [p["bias"] for p in pts], marker=marker, color=col, s=30,
-                    zorder=3, label=f"sd-opt measured ({mode.upper()})")
+        ax1.scatter(
+            [p["rejection"] for p in pts],
+            [p["bias"] for p in pts],
+            marker=marker,
+            color=col,
+            s=30,
+            zorder=3,
+            label=f"sd-opt measured ({mode.upper()})",
+        )
     ax1.set_xlabel("rejection probability")
     ax1.set_ylabel("bias TV(output, target)")
     ax1.set_xlim(0, max(1.05 * c["tv"], float(sc[:, 0].max())))

@@ -15,6 +15,24 @@ from .multi import (
 from .rollback import rollback_verify
 from .verdict import Beam, Verdict
 
-__all__ = ["Beam", "Verdict", "acceptance_count_law", "batch_verify", "beam_distribution", "beam_layer_verify",
-           "dynamic_width", "forest_verify", "greedy_tree_verify", "greedy_verify", "joint_verify", "naive_rejection", "recursive_rejection", "relaxed_verify",
-           "residual", "rollback_verify", "speculative_verify", "tree_verify", "without_replacement_rejection"]
+__all__ = [
+    "Beam",
+    "Verdict",
+    "acceptance_count_law",
+    "batch_verify",
+    "beam_distribution",
+    "beam_layer_verify",
+    "dynamic_width",
+    "forest_verify",
+    "greedy_tree_verify",
+    "greedy_verify",
+    "joint_verify",
+    "naive_rejection",
+    "recursive_rejection",
+    "relaxed_verify",
+    "residual",
+    "rollback_verify",
+    "speculative_verify",
+    "tree_verify",
+    "without_replacement_rejection",
+]

@@ -30,8 +30,9 @@ from .chain import residual
 from .verdict import Beam, Verdict
 
 
-def beam_distribution(scores: torch.Tensor, logprobs: torch.Tensor, sampling: Sampling,
-                      live: torch.Tensor | None = None) -> torch.Tensor:
+def beam_distribution(
+    scores: torch.Tensor, logprobs: torch.Tensor, sampling: Sampling, live: torch.Tensor | None = None
+) -> torch.Tensor:
     """scores [P] (the parents' joint log-likelihoods), logprobs [P, V] (log next-token probabilities,
     unwarped) -> [P * V]: the warp (temperature, top-k, top-p) applied once, jointly, to the flattened
     joint log-likelihoods. `live` [P] bool: parents that may be extended (others get probability 0)."""
@@ -86,8 +87,14 @@ def beam_layer_verify(
         if fills > 0:
             outputs += categorical(target, generator, samples=fills).tolist()
     beams = tuple(Beam(*divmod(c, vocab)) for c in outputs)
-    return Verdict(tuple(accepted), tuple(b.token for b in beams[: len(accepted)]),
-                   beams[drawn].token if rejected else None, rejected, beams, drawn)
+    return Verdict(
+        tuple(accepted),
+        tuple(b.token for b in beams[: len(accepted)]),
+        beams[drawn].token if rejected else None,
+        rejected,
+        beams,
+        drawn,
+    )
 
 
 def acceptance_count_law(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int) -> torch.Tensor:
@@ -118,8 +125,7 @@ def acceptance_count_law(target_beam: torch.Tensor, draft_beam: torch.Tensor, m:
     return torch.tensor(law[m], dtype=torch.float64)
 
 
-def dynamic_width(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int, threshold: float,
-                  min_width: int) -> int:
+def dynamic_width(target_beam: torch.Tensor, draft_beam: torch.Tensor, m: int, threshold: float, min_width: int) -> int:
     """The width a layer must reach (DSBD Eqs. 5-7): the largest K with P(at least K of the m drafts
     accepted) >= threshold, at least `min_width`. threshold 0 gives m (fixed width)."""
     law = acceptance_count_law(target_beam, draft_beam, m)
@@ -180,8 +186,11 @@ def forest_verify(
         m = drafts.shape[0]
         if beam_width > m:
             raise ValueError(f"beam_width {beam_width} is above the layer's {m} drafts")
-        width = beam_width if width_threshold <= 0 else min(beam_width, dynamic_width(
-            target_beam, layer.draft_beam, m, width_threshold, min_width))
+        width = (
+            beam_width
+            if width_threshold <= 0
+            else min(beam_width, dynamic_width(target_beam, layer.draft_beam, m, width_threshold, min_width))
+        )
         widths.append(width)
         verdict = beam_layer_verify(target_beam, layer.draft_beam, drafts, live[at], width, vocab, generator)
         counts.append(len(verdict.accepted))
@@ -194,12 +203,21 @@ def forest_verify(
         scores = scores[at.to(scores.device)] + logp[at.to(logp.device), layer.tokens.to(logp.device)]
         logp = node_logprobs[d - 1].double()
         ended = torch.tensor([t in stops for t in layer.tokens.tolist()], dtype=torch.bool)
-        finished += [(d, j, Beam(int(at[j]), int(layer.tokens[j]), float(scores[j])))
-                     for j in (accepted & ended).nonzero().flatten().tolist()]
+        finished += [
+            (d, j, Beam(int(at[j]), int(layer.tokens[j]), float(scores[j])))
+            for j in (accepted & ended).nonzero().flatten().tolist()
+        ]
         live = accepted & ~ended
         if not live.any():  # every accepted beam ended: nothing left to extend
             return Verdict(depth=d, widths=tuple(widths), layer_accepted=tuple(counts), finished=tuple(finished))
     joint = (scores[:, None] + logp).reshape(-1)
     beams = tuple(Beam(c // vocab, c % vocab, float(joint[c])) for c in outputs)
-    return Verdict(rejected=rejected, beams=beams, drawn=drawn, depth=d, widths=tuple(widths),
-                   layer_accepted=tuple(counts), finished=tuple(finished))
+    return Verdict(
+        rejected=rejected,
+        beams=beams,
+        drawn=drawn,
+        depth=d,
+        widths=tuple(widths),
+        layer_accepted=tuple(counts),
+        finished=tuple(finished),
+    )

@@ -34,8 +34,9 @@ def _residual_weights(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor
     return r if float(r.sum()) > RESIDUAL_EPS else target
 
 
-def _accepted_prefix(target_probs: Rows, draft_probs: Rows, draft_tokens: torch.Tensor, generator,
-                     eps: float = 0.0) -> int:
+def _accepted_prefix(
+    target_probs: Rows, draft_probs: Rows, draft_tokens: torch.Tensor, generator, eps: float = 0.0
+) -> int:
     """Length of the accepted prefix when position i passes iff u_i * draft_i(x_i) < target_i(x_i) + eps (the
     ratio test written without the division; drafted tokens have draft_i(x_i) > 0), with the uniforms drawn
     together. Tensors are tested at once (one device sync); `LazyRows` are read in order up to the first

@@ -1,4 +1,5 @@
 """The table of README.md from bench0-results.jsonl: medians over the prompts, paired ratios against hf."""
+
 import collections
 import json
 import statistics as st
@@ -22,14 +23,28 @@ def steps(r):  # decode forwards of the target (the prefill's one left out)
 print("| method | tokens/s | / hf (paired) | block eff. | target ms/step | draft ms/call | other ms/iter |")
 print("|---|---|---|---|---|---|---|")
 for m, rs in by.items():
-    print("|", " | ".join([
-        m, med(rs, lambda r: r["tokens_per_second"]),
-        med(rs, lambda r: r["tokens_per_second"] / hf[r["prompt_id"]]["tokens_per_second"]),
-        med(rs, lambda r: r["block_efficiency"]),
-        med(rs, lambda r: 1e3 * (r["target_seconds"] - r["prefill_seconds"]) / steps(r) if steps(r) else None),
-        med(rs, lambda r: 1e3 * r["draft_seconds"] / sum(r["draft_forwards"].values())
-            if isinstance(r.get("draft_forwards"), dict) and r["draft_forwards"] else None),
-        med(rs, lambda r: 1e3 * r["other_seconds"] / steps(r) if steps(r) else None)]), "|")
+    print(
+        "|",
+        " | ".join(
+            [
+                m,
+                med(rs, lambda r: r["tokens_per_second"]),
+                med(rs, lambda r: r["tokens_per_second"] / hf[r["prompt_id"]]["tokens_per_second"]),
+                med(rs, lambda r: r["block_efficiency"]),
+                med(rs, lambda r: 1e3 * (r["target_seconds"] - r["prefill_seconds"]) / steps(r) if steps(r) else None),
+                med(
+                    rs,
+                    lambda r: (
+                        1e3 * r["draft_seconds"] / sum(r["draft_forwards"].values())
+                        if isinstance(r.get("draft_forwards"), dict) and r["draft_forwards"]
+                        else None
+                    ),
+                ),
+                med(rs, lambda r: 1e3 * r["other_seconds"] / steps(r) if steps(r) else None),
+            ]
+        ),
+        "|",
+    )
 print()
 print("| prompt | category | " + " | ".join(by) + " |")
 print("|---|---|" + "---|" * len(by))

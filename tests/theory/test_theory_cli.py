@@ -7,8 +7,10 @@ from multispec.cli import main
 
 def test_theory_cli_writes_three_figures_and_json(tmp_path, capsys):
     out = tmp_path / "th"
-    assert main(["theory", "--runs", "40", "--vocab", "4", "--horizon", "8", "--batch", "3", "--out", str(out),
-                 "--json"]) == 0
+    assert (
+        main(["theory", "--runs", "40", "--vocab", "4", "--horizon", "8", "--batch", "3", "--out", str(out), "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     for name in ("fig_a_rejections.png", "fig_b_batch.png", "fig_c_pareto.png", "theory.json"):
         assert (out / name).stat().st_size > 1000

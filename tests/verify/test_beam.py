@@ -85,25 +85,28 @@ def test_one_layers_outputs_are_independent_draws_from_the_target_beam_distribut
 
 def test_dropping_the_drafts_of_dead_parents_without_renormalising_is_biased():
     target, draft, parent_of, live_parents = _setup()
-    law = _layer_law(dropping_beam_layer_verify, target, draft, parent_of, live_parents, m=3, width=2,
-                     runs=30000)
+    law = _layer_law(dropping_beam_layer_verify, target, draft, parent_of, live_parents, m=3, width=2, runs=30000)
     exact = np.outer(target.numpy(), target.numpy())
     assert 0.5 * np.abs(law - exact).sum() > 0.06
 
 
 def _without_replacement(rule):
     """Wrong drafting (spec §4.4 item 4): the m drafts drawn without replacement (here: distinct candidates)."""
+
     def verify(target, draft, drafts, live, width, vocab, gen):
         distinct = torch.multinomial(draft.float(), drafts.numel(), replacement=False, generator=gen)
         return rule(target, draft, distinct, torch.ones_like(live), width, vocab, gen)
+
     return verify
 
 
 def _sorted(rule):
     """Wrong drafting: the i.i.d. drafts re-sorted by their draft probability, best first."""
+
     def verify(target, draft, drafts, live, width, vocab, gen):
         order = torch.argsort(draft[drafts], descending=True, stable=True)
         return rule(target, draft, drafts[order], live[order], width, vocab, gen)
+
     return verify
 
 
@@ -150,8 +153,9 @@ def test_the_acceptance_count_recursion_equals_enumeration(seed):
     target = torch.tensor(np.r_[rng.dirichlet(np.ones(4)), 0.0], dtype=torch.float64)  # one dead candidate
     draft = torch.tensor(rng.dirichlet(np.ones(5)), dtype=torch.float64)
     for m in (1, 2, 4):
-        assert np.allclose(acceptance_count_law(target, draft, m).numpy(), _enumerated_count_law(target, draft, m),
-                           atol=1e-12)
+        assert np.allclose(
+            acceptance_count_law(target, draft, m).numpy(), _enumerated_count_law(target, draft, m), atol=1e-12
+        )
 
 
 def test_the_count_law_is_what_verification_does():

@@ -1,6 +1,6 @@
 """Our bfloat16 kernel (`multispec.models.dpbf16`): its products, its batch invariance, the model it routes and
 restores, and the compiled steps that race it. The kernel needs a CPU with AVX512-BF16: elsewhere these tests
-are skipped, and the compiled steps race the other variants only (tests/test_hf_backend.py)."""
+are skipped, and the compiled steps race the other variants only (tests/models/test_hf.py)."""
 
 import json
 import re
@@ -34,8 +34,10 @@ def _close(out, x, weight, bias):
     return bool(((out.double() - exact).abs() <= 2**-8 * exact.abs() + 1e-6 * scale).all())
 
 
-@pytest.mark.parametrize("outputs, inputs, rows, with_bias", [
-    (40, 32, 1, False), (49, 64, 5, True), (96, 576, 16, False), (16, 2, 70, True), (3, 8, 9, True)])
+@pytest.mark.parametrize(
+    "outputs, inputs, rows, with_bias",
+    [(40, 32, 1, False), (49, 64, 5, True), (96, 576, 16, False), (16, 2, 70, True), (3, 8, 9, True)],
+)
 def test_the_kernel_gives_the_product_rounded_to_bfloat16(kernel, outputs, inputs, rows, with_bias):
     gen = torch.Generator().manual_seed(outputs + rows)
     weight = torch.randn(outputs, inputs, generator=gen).bfloat16()
@@ -46,8 +48,12 @@ def test_the_kernel_gives_the_product_rounded_to_bfloat16(kernel, outputs, input
     assert _close(out.float(), x.float(), weight.float(), None if bias is None else bias.float())
     # the same check fails a weight packed with each pair's two halves swapped
     swapped = dpbf16.pack(weight).flip(-1).contiguous()
-    assert not _close(dpbf16.linear(x, swapped, bias, outputs).float(), x.float(), weight.float(),
-                      None if bias is None else bias.float())
+    assert not _close(
+        dpbf16.linear(x, swapped, bias, outputs).float(),
+        x.float(),
+        weight.float(),
+        None if bias is None else bias.float(),
+    )
 
 
 def test_a_rows_output_does_not_depend_on_the_rows_fed_with_it(kernel):
@@ -125,8 +131,9 @@ def test_routing_runs_the_maps_through_the_kernel_and_leaves_the_model_as_it_was
                 assert (dpbf16.BUFFER in q_proj._buffers) and (dpbf16.BIAS not in q_proj._buffers)
                 got = model(input_ids=ids, use_cache=False).logits.float()
             assert (got - want).abs().max() < 0.05 * want.abs().max()
-    assert set(model.state_dict()) == keys and not any(dpbf16.BUFFER in dict(m.named_buffers()) for m in
-                                                       model.modules())
+    assert set(model.state_dict()) == keys and not any(
+        dpbf16.BUFFER in dict(m.named_buffers()) for m in model.modules()
+    )
     assert model.model.layers[0].mlp.down_proj.forward is own
     assert "forward" not in model.model.layers[1].self_attn.q_proj.__dict__
 
@@ -138,8 +145,9 @@ def _products(package) -> int:
     return len(re.findall(r"aoti_torch_proxy_executor_call_function\(", source))
 
 
-def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_it(kernel, tmp_path, monkeypatch,
-                                                                                 capsys):
+def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_it(
+    kernel, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_bf16(), tiny_bf16()
@@ -195,8 +203,9 @@ def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kern
 
 
 @pytest.mark.parametrize("fast", ["dpbf16", hf.INVARIANT_DPBF16])
-def test_a_fast_one_token_step_that_is_the_batch_invariant_one_is_not_timed_against_itself(kernel, tmp_path,
-                                                                                          monkeypatch, fast):
+def test_a_fast_one_token_step_that_is_the_batch_invariant_one_is_not_timed_against_itself(
+    kernel, tmp_path, monkeypatch, fast
+):
     # where the fast step's own race kept the batch-invariant variant for one token, the two timings are of one
     # step: their difference is noise, and the steps are batch-invariant whatever it is
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
@@ -258,8 +267,10 @@ def test_the_attention_is_softmax_attention_in_float32(kernel):
         dpbf16.attend(query[..., :40], keys[..., :40], values, mask, 32, 0.125)
 
 
-@pytest.mark.parametrize("heads, kv_heads, dim, tokens, past", [
-    (9, 3, 64, 16, 1000), (9, 3, 64, 5, 37), (6, 2, 128, 7, 300), (4, 4, 64, 1, 20), (2, 1, 32, 3, 50)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, dim, tokens, past",
+    [(9, 3, 64, 16, 1000), (9, 3, 64, 5, 37), (6, 2, 128, 7, 300), (4, 4, 64, 1, 20), (2, 1, 32, 3, 50)],
+)
 def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads, dim, tokens, past):
     # the rows that share a key head are attended in blocks (their scores 16 keys at a time, a value loaded once
     # for the block), whose size follows the number of rows; each row's sums keep one order, so a row fed with
@@ -268,8 +279,9 @@ def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads,
     width = past + tokens
     query = torch.randn(1, heads, tokens, dim, generator=gen).bfloat16()
     keys = torch.randn(1, kv_heads, width + 5, dim, generator=gen)
-    values = torch.cat([torch.randn(1, kv_heads, width + 5, dim, generator=gen), torch.ones(1, kv_heads, width + 5, 1)],
-                       -1)
+    values = torch.cat(
+        [torch.randn(1, kv_heads, width + 5, dim, generator=gen), torch.ones(1, kv_heads, width + 5, 1)], -1
+    )
     mask = torch.zeros(1, 1, tokens, width)
     mask[..., past:] = torch.where(torch.rand(tokens, tokens, generator=gen) < 0.5, torch.finfo(torch.float32).min, 0.0)
     mask[..., past:].diagonal(dim1=-2, dim2=-1).zero_()
@@ -284,8 +296,14 @@ def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads,
     for head in range(heads):
         kv = slice(head // group, head // group + 1)
         for token in range(tokens):
-            alone = dpbf16.attend(query[:, head : head + 1, token : token + 1], keys[:, kv].bfloat16(),
-                                  values[:, kv].bfloat16(), mask[:, :, token : token + 1], dim, 0.125)
+            alone = dpbf16.attend(
+                query[:, head : head + 1, token : token + 1],
+                keys[:, kv].bfloat16(),
+                values[:, kv].bfloat16(),
+                mask[:, :, token : token + 1],
+                dim,
+                0.125,
+            )
             assert torch.equal(alone[0, 0, 0], together[0, head, token]), (head, token)
 
 
@@ -305,7 +323,10 @@ def _tree_and_chain(attention, past: int = 300):
     mask[..., past:] = torch.where(visible, 0.0, minimum)
     tree = attention(query, tree_k, tree_v, mask)[:, :, 3]
     # the chain: a, b, c at consecutive slots (the sibling is not in the cache)
-    chain_k, chain_v = tree_k[:, :, [*range(past), past, past + 2, past + 3]], tree_v[:, :, [*range(past), past, past + 2, past + 3]]
+    chain_k, chain_v = (
+        tree_k[:, :, [*range(past), past, past + 2, past + 3]],
+        tree_v[:, :, [*range(past), past, past + 2, past + 3]],
+    )
     alone = attention(query[:, :, 3:], chain_k, chain_v, torch.zeros(1, 1, 1, past + 3))[:, :, 0]
     return torch.equal(tree, alone)
 

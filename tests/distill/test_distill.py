@@ -42,9 +42,19 @@ def _tiny_target(tokenizer, seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     model = LlamaForCausalLM(config).float()
     with torch.no_grad():
         model.model.norm.weight.fill_(4.0)  # a random model with some confidence, so argmaxes are not ties
@@ -120,8 +130,9 @@ def test_reshaped_draft_gains_identity_layers_and_keeps_its_strongest_mlp_units(
         assert narrow.config.intermediate_size == 48
         # keeping the units that contribute most loses less than keeping those that contribute least
         weakest = reshape_draft(model, layers=2, intermediate=48, samples=[ids])
-        for layer, src, scores in zip(weakest.model.layers, model.model.layers, mlp_importance(model, [ids]),
-                                      strict=True):
+        for layer, src, scores in zip(
+            weakest.model.layers, model.model.layers, mlp_importance(model, [ids]), strict=True
+        ):
             k = scores.topk(48, largest=False).indices.sort().values
             src = src.mlp
             layer.mlp.gate_proj.weight.copy_(src.gate_proj.weight[k])
@@ -143,8 +154,9 @@ def test_sliced_draft_cut_to_fewer_directions_and_layers(tokenizer):
     assert draft.model.layers[0].self_attn.q_proj.weight.shape == (48, 24)  # the target's heads, read from 24 dims
     assert draft.lm_head.weight.data_ptr() == draft.get_input_embeddings().weight.data_ptr()
     with pytest.raises(ValueError, match="heads"):
-        build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1, heads=2, kv_heads=1),
-                    samples=[ids])
+        build_draft(
+            target.model, draft_config(target.model.config, hidden=24, layers=1, heads=2, kv_heads=1), samples=[ids]
+        )
     with pytest.raises(ValueError, match="sample"):
         build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1))
     with pytest.raises(ValueError, match="unknown init"):
@@ -155,10 +167,18 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     target = _tiny_target(tokenizer)
     # random layers (init="embeddings"), so that there is something to learn: a sliced draft of this tiny
     # random target starts almost equal to it
-    cfg = DistillConfig(prompts=8, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
-                        heads=2, kv_heads=1, init="embeddings",
-                        train=TrainConfig(steps=12, batch_tokens=40, lr=1e-2, warmup=2, eval_every=6,
-                                          checkpoint_every=6))
+    cfg = DistillConfig(
+        prompts=8,
+        heldout_prompts=4,
+        gen_batch=4,
+        max_new_tokens=12,
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        init="embeddings",
+        train=TrainConfig(steps=12, batch_tokens=40, lr=1e-2, warmup=2, eval_every=6, checkpoint_every=6),
+    )
     out = tmp_path / "run"
     lines = []
     last = distill(target, out, cfg, say=lines.append)
@@ -188,14 +208,24 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
 
     # another run can add this run's teacher data to its own; the prompts answered there are neither asked
     # again nor held out
-    more = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=12, hidden=32, layers=1,
-                         extra_data=[out / "data"], self_prompts=2, train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    more = DistillConfig(
+        prompts=4,
+        heldout_prompts=4,
+        gen_batch=4,
+        max_new_tokens=12,
+        hidden=32,
+        layers=1,
+        extra_data=[out / "data"],
+        self_prompts=2,
+        train=TrainConfig(steps=1, batch_tokens=40, warmup=1),
+    )
     lines.clear()
     distill(target, tmp_path / "more", more, say=lines.append)
     # the target was asked for its own prompts too (a random tiny target rarely finishes a turn: maybe none)
     written = json.loads((tmp_path / "more" / "self-prompts.json").read_text())["prompts"]
-    assert len(written) <= 6 and any(m.startswith(f"self-written prompts: {len(written)} (of 6 asked: 2 to train on, 4 to hold out)")
-                                     for m in lines)
+    assert len(written) <= 6 and any(
+        m.startswith(f"self-written prompts: {len(written)} (of 6 asked: 2 to train on, 4 to hold out)") for m in lines
+    )
     counts = [int(m.split()[2]) for m in lines if m.startswith("teacher data:")]
     assert counts and counts[0] > 4
     assert any(m.startswith("extra data:") and "(0 dropped" in m for m in lines)
@@ -207,8 +237,14 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
         distill(target, tmp_path / "more2", more, say=lines.append)
 
     # a run can start from a saved draft: on the same held-out answers it starts where the first run ended
-    warm = DistillConfig(prompts=8, heldout_prompts=4, gen_batch=4, max_new_tokens=12, init_from=out / "draft",
-                         train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    warm = DistillConfig(
+        prompts=8,
+        heldout_prompts=4,
+        gen_batch=4,
+        max_new_tokens=12,
+        init_from=out / "draft",
+        train=TrainConfig(steps=1, batch_tokens=40, warmup=1),
+    )
     lines.clear()
     distill(target, tmp_path / "warm", warm, say=lines.append)
     assert any(m.startswith("draft: 1 layers x 32 wide, MLP 96 (from ") for m in lines)
@@ -218,7 +254,9 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     # ... and can grow deeper and narrower on the way
     warm.layers, warm.intermediate = 2, 48
     distill(target, tmp_path / "grown", warm, say=lines.append)
-    assert any(m.startswith("draft: 2 layers x 32 wide, MLP 48 (from ") and "reshaped from 1 layers" in m for m in lines)
+    assert any(
+        m.startswith("draft: 2 layers x 32 wide, MLP 48 (from ") and "reshaped from 1 layers" in m for m in lines
+    )
     assert HFModel.from_pretrained(str(tmp_path / "grown" / "draft")).model.config.num_hidden_layers == 2
     warm.layers, warm.intermediate = None, 128  # wider than the saved MLP: refused before any generation
     with pytest.raises(ValueError, match="only adds layers and narrows"):
@@ -259,18 +297,24 @@ def test_mt_bench_prompts_in_file_order_or_spread(tmp_path):
     (tmp_path / "mt_bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert mt_bench_prompts(tmp_path)[:3] == ["writing 0?", "writing 1?", "writing 2?"]
     assert mt_bench_prompts(tmp_path, spread=True, with_categories=True)[:3] == [
-        ("writing 0?", "writing"), ("math 0?", "math"), ("writing 1?", "writing")]
+        ("writing 0?", "writing"),
+        ("math 0?", "math"),
+        ("writing 1?", "writing"),
+    ]
     with pytest.raises(ValueError, match="does not exist"):
         mt_bench_prompts(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["distill"], "--out"),
-    (["distill", "--out", "{file}"], "is a file"),
-    (["distill", "--out", "{dir}", "--steps", "0"], "--steps"),
-    (["distill", "--out", "{dir}", "--on-policy", "-1"], "--on-policy must be >= 0"),
-    (["distill", "--eval", "--eval-prompts", "0"], "--eval-prompts"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["distill"], "--out"),
+        (["distill", "--out", "{file}"], "is a file"),
+        (["distill", "--out", "{dir}", "--steps", "0"], "--steps"),
+        (["distill", "--out", "{dir}", "--on-policy", "-1"], "--on-policy must be >= 0"),
+        (["distill", "--eval", "--eval-prompts", "0"], "--eval-prompts"),
+    ],
+)
 def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
     f = tmp_path / "a-file"
     f.write_text("x")
@@ -282,10 +326,20 @@ def test_distill_cli_bad_input(argv, message, tmp_path, capsys):
 
 def test_a_time_budget_ends_training(tokenizer, tmp_path):
     target = _tiny_target(tokenizer)
-    cfg = DistillConfig(prompts=4, heldout_prompts=2, gen_batch=4, max_new_tokens=8, hidden=16, layers=1,
-                        heads=2, kv_heads=1, init="embeddings",
-                        train=TrainConfig(steps=10**6, minutes=0.03, batch_tokens=16, warmup=1, eval_every=10**6,
-                                          checkpoint_every=10**6))
+    cfg = DistillConfig(
+        prompts=4,
+        heldout_prompts=2,
+        gen_batch=4,
+        max_new_tokens=8,
+        hidden=16,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        init="embeddings",
+        train=TrainConfig(
+            steps=10**6, minutes=0.03, batch_tokens=16, warmup=1, eval_every=10**6, checkpoint_every=10**6
+        ),
+    )
     last = distill(target, tmp_path / "run", cfg, say=lambda m: None)
     assert 0 < last["step"] < 10**6 and 1.8 <= last["seconds"] < 10
     assert (tmp_path / "run" / "draft" / "model.safetensors").exists()
@@ -308,13 +362,25 @@ def test_contamination_keeps_mt_bench_wording_out_of_training(tokenizer, tmp_pat
     old = tmp_path / "old"
     old.mkdir()
     prompt_ids = torch.tensor(target.encode("Hi! " + question, chat=True), dtype=torch.int32)
-    row = {"prompt_ids": prompt_ids, "ids": torch.tensor([5, 6, 7], dtype=torch.int32),
-           "top_idx": torch.zeros(3, 64, dtype=torch.int32), "top_logp": torch.zeros(3, 64, dtype=torch.float16),
-           "greedy": True}
+    row = {
+        "prompt_ids": prompt_ids,
+        "ids": torch.tensor([5, 6, 7], dtype=torch.int32),
+        "top_idx": torch.zeros(3, 64, dtype=torch.int32),
+        "top_logp": torch.zeros(3, 64, dtype=torch.float16),
+        "greedy": True,
+    }
     clean = dict(row, prompt_ids=torch.tensor(target.encode("Name a colour.", chat=True), dtype=torch.int32))
     torch.save([row, clean], old / "shard-00000.pt")
-    cfg = DistillConfig(prompts=4, heldout_prompts=4, gen_batch=4, max_new_tokens=8, hidden=32, layers=1,
-                        extra_data=[old], train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    cfg = DistillConfig(
+        prompts=4,
+        heldout_prompts=4,
+        gen_batch=4,
+        max_new_tokens=8,
+        hidden=32,
+        layers=1,
+        extra_data=[old],
+        train=TrainConfig(steps=1, batch_tokens=40, warmup=1),
+    )
     lines = []
     distill(target, tmp_path / "run", cfg, data_dir=tmp_path, say=lines.append)
     assert any(m.startswith("extra data: 1 answers from 1 shards (1 dropped") for m in lines)
@@ -356,8 +422,9 @@ def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer,
 
     target = _tiny_target(tokenizer)
     rows = generate_batch(target, ["Say something.", "Name a colour."], 10, greedy=False, seed=0)
-    draft = build_draft(target.model, draft_config(target.model.config, hidden=32, layers=1, heads=2, kv_heads=1),
-                        init="embeddings")
+    draft = build_draft(
+        target.model, draft_config(target.model.config, hidden=32, layers=1, heads=2, kv_heads=1), init="embeddings"
+    )
     full = _forward(draft, rows, 512, "float32")
     half = _forward(draft, rows, 512, "bfloat16")
     assert full[0].dtype == torch.float32 and half[0].dtype == torch.bfloat16
@@ -402,12 +469,25 @@ def test_on_policy_rows_hold_the_drafts_answers_and_the_targets_distributions_al
     assert [p.stat().st_mtime_ns for p in paths] == stamps
 
     # in a run: the starting draft answers some training prompts and those rows are trained on too
-    cfg = DistillConfig(prompts=4, heldout_prompts=2, gen_batch=4, max_new_tokens=8, hidden=32, layers=1, heads=2,
-                        kv_heads=1, init="embeddings", on_policy=3, train=TrainConfig(steps=1, batch_tokens=40, warmup=1))
+    cfg = DistillConfig(
+        prompts=4,
+        heldout_prompts=2,
+        gen_batch=4,
+        max_new_tokens=8,
+        hidden=32,
+        layers=1,
+        heads=2,
+        kv_heads=1,
+        init="embeddings",
+        on_policy=3,
+        train=TrainConfig(steps=1, batch_tokens=40, warmup=1),
+    )
     lines = []
     distill(target, tmp_path / "run", cfg, say=lines.append)
     said = [m for m in lines if m.startswith("on-policy data:")]
     assert said and said[0].startswith("on-policy data: the draft answered 3 training prompts")
-    teacher_prompts = {tuple(r["prompt_ids"].tolist()) for r in load_rows(sorted((tmp_path / "run" / "data").glob("*.pt")))}
+    teacher_prompts = {
+        tuple(r["prompt_ids"].tolist()) for r in load_rows(sorted((tmp_path / "run" / "data").glob("*.pt")))
+    }
     drafted = load_rows(sorted((tmp_path / "run" / "on-policy").glob("*.pt")))
     assert drafted and all(tuple(r["prompt_ids"].tolist()) in teacher_prompts for r in drafted)

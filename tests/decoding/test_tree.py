@@ -55,8 +55,9 @@ def test_more_candidates_than_the_warped_support_are_padding():
     t, d = random_markov_pair(4, 30, seed=5)
     r = generate(t, d, [0], method="mcsd", k_config="3x3", replacement=False, top_k=2, max_new_tokens=20, seed=1)
     assert len(r.token_ids) == 20
-    report = check_method("mcsd", runs=3000, pairs=1, vocab=4, n_tokens=3, seed=4, top_k=2, k_config="3x2",
-                          replacement=False)
+    report = check_method(
+        "mcsd", runs=3000, pairs=1, vocab=4, n_tokens=3, seed=4, top_k=2, k_config="3x2", replacement=False
+    )
     assert report.passed, report.pairs
 
 
@@ -133,17 +134,35 @@ def test_tree_masked_logits_equal_each_path(family):
 def test_greedy_tree_methods_equal_greedy_ar_on_tiny_llama():
     model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
     ar = generate(model, None, PROMPT, method="ar", temperature=0, max_new_tokens=30).token_ids
-    for method, params in [("mcsd", {"k_config": "4x2x1x1"}), ("mcsd", {"k_config": "2x2", "replacement": True}),
-                           ("mcsd", {"verifier": "naive"}), ("specinfer", {}), ("batch-sd", {"drafts": 3})]:
-        assert generate(model, draft, PROMPT, method=method, temperature=0, max_new_tokens=30,
-                        **params).token_ids == ar, method
+    for method, params in [
+        ("mcsd", {"k_config": "4x2x1x1"}),
+        ("mcsd", {"k_config": "2x2", "replacement": True}),
+        ("mcsd", {"verifier": "naive"}),
+        ("specinfer", {}),
+        ("batch-sd", {"drafts": 3}),
+    ]:
+        assert (
+            generate(model, draft, PROMPT, method=method, temperature=0, max_new_tokens=30, **params).token_ids == ar
+        ), method
 
 
 def test_batch_rows_give_the_same_tokens_as_tree_attention():
     model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
     for seed in range(3):
-        runs = [generate(model, draft, PROMPT, method="mcsd", k_config="2x2x1", temperature=1.0, max_new_tokens=24,
-                         seed=seed, tree_attention=flag) for flag in (True, False)]
+        runs = [
+            generate(
+                model,
+                draft,
+                PROMPT,
+                method="mcsd",
+                k_config="2x2x1",
+                temperature=1.0,
+                max_new_tokens=24,
+                seed=seed,
+                tree_attention=flag,
+            )
+            for flag in (True, False)
+        ]
         assert runs[0].token_ids == runs[1].token_ids
         assert runs[0].stats["target_calls"] == runs[1].stats["target_calls"]
 
@@ -152,10 +171,12 @@ def test_specinfer_is_mcsd_on_the_same_tree():
     t, d = random_markov_pair(5, 40, seed=2)
     for replacement in (True, False):
         for seed in range(3):
-            a = generate(t, d, [0], method="specinfer", k_config="1x3x1", replacement=replacement, max_new_tokens=30,
-                         seed=seed)
-            b = generate(t, d, [0], method="mcsd", k_config="1x3x1", replacement=replacement, max_new_tokens=30,
-                         seed=seed)
+            a = generate(
+                t, d, [0], method="specinfer", k_config="1x3x1", replacement=replacement, max_new_tokens=30, seed=seed
+            )
+            b = generate(
+                t, d, [0], method="mcsd", k_config="1x3x1", replacement=replacement, max_new_tokens=30, seed=seed
+            )
             assert a.token_ids == b.token_ids
 
 
@@ -232,18 +253,21 @@ def test_greedy_model_drafters_make_their_draft_rows_when_first_read():
     assert torch.equal(chain.draft_probs, torch.nn.functional.one_hot(chain.tokens, d.vocab_size).float())
 
 
-@pytest.mark.parametrize("method, params, sampling", [
-    ("mcsd", {"k_config": "2x2", "replacement": True}, {}),
-    ("mcsd", {"k_config": "2x2", "replacement": False}, {}),
-    ("mcsd", {"k_config": "3x2", "replacement": True}, {}),
-    ("mcsd", {"k_config": "3x2", "replacement": False}, {"temperature": 0.7, "top_p": 0.9}),
-    ("mcsd", {"k_config": "2x1x2", "replacement": False}, {}),
-    ("mcsd", {"k_config": "2x1x2", "replacement": True}, {}),
-    ("mcsd", {"k_config": "3x2", "verifier": "naive"}, {}),
-    ("mcsd", {"k_config": "2x2", "tree_attention": False}, {}),
-    ("specinfer", {"k_config": "1x3x1"}, {}),
-    ("specinfer", {"k_config": "1x3x1", "replacement": False}, {}),
-])
+@pytest.mark.parametrize(
+    "method, params, sampling",
+    [
+        ("mcsd", {"k_config": "2x2", "replacement": True}, {}),
+        ("mcsd", {"k_config": "2x2", "replacement": False}, {}),
+        ("mcsd", {"k_config": "3x2", "replacement": True}, {}),
+        ("mcsd", {"k_config": "3x2", "replacement": False}, {"temperature": 0.7, "top_p": 0.9}),
+        ("mcsd", {"k_config": "2x1x2", "replacement": False}, {}),
+        ("mcsd", {"k_config": "2x1x2", "replacement": True}, {}),
+        ("mcsd", {"k_config": "3x2", "verifier": "naive"}, {}),
+        ("mcsd", {"k_config": "2x2", "tree_attention": False}, {}),
+        ("specinfer", {"k_config": "1x3x1"}, {}),
+        ("specinfer", {"k_config": "1x3x1", "replacement": False}, {}),
+    ],
+)
 def test_tree_methods_pass_the_checker(method, params, sampling):
     report = check_method(method, runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
     assert report.passed, report.pairs
@@ -255,12 +279,17 @@ def test_tree_methods_pass_on_full_history_models(params):
     assert report.passed, report.pairs
 
 
-@pytest.mark.parametrize("params, wrong", [
-    ({"k_config": "3x2", "replacement": True}, dedupe_rejection),  # skipping duplicate candidates
-    ({"k_config": "3x2", "replacement": False}, sorted_rejection),  # sorting candidates by the draft
-    ({"k_config": "3x2", "replacement": False},  # without replacement, Algorithm 1's residual
-     __import__("multispec.verify", fromlist=["x"]).recursive_rejection),
-])
+@pytest.mark.parametrize(
+    "params, wrong",
+    [
+        ({"k_config": "3x2", "replacement": True}, dedupe_rejection),  # skipping duplicate candidates
+        ({"k_config": "3x2", "replacement": False}, sorted_rejection),  # sorting candidates by the draft
+        (
+            {"k_config": "3x2", "replacement": False},  # without replacement, Algorithm 1's residual
+            __import__("multispec.verify", fromlist=["x"]).recursive_rejection,
+        ),
+    ],
+)
 def test_plausible_mistakes_fail_the_checker(params, wrong, monkeypatch):
     import multispec.decoding.tree
 

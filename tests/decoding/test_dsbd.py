@@ -28,8 +28,13 @@ def test_rows_fed_as_forests_and_committed_per_row_match_fresh_contexts():
     entries = [[(3, 1, ()), (4, 2, (0,))], [(1, 1, ()), (2, 1, ()), (0, 2, (1,))]]
     out = runner.feed(rows, Entries.lists(entries, runner.tentative))  # [2, 1 + 3, V]
     assert out.shape[:2] == (2, 4)
-    expect = {(0, 1): [0, 1, 2, 3], (0, 2): [0, 1, 2, 3, 4], (1, 1): [0, 1, 2, 1], (1, 2): [0, 1, 2, 2],
-              (1, 3): [0, 1, 2, 2, 0]}
+    expect = {
+        (0, 1): [0, 1, 2, 3],
+        (0, 2): [0, 1, 2, 3, 4],
+        (1, 1): [0, 1, 2, 1],
+        (1, 2): [0, 1, 2, 2],
+        (1, 3): [0, 1, 2, 2, 0],
+    }
     for (b, i), context in expect.items():
         assert torch.allclose(out[b, i], model.row(tuple(context)).log())
     # three new rows: row 1's path (1, 2) -> [0,1,2,2,0] twice, row 0's path (0, 1) -> [0,1,2,3,4]
@@ -57,6 +62,7 @@ def test_forest_logits_on_a_tiny_llama_equal_each_path_fed_alone():
 
 # -- the draft forest --------------------------------------------------------------------------------------------
 
+
 def test_the_forest_keeps_each_layers_whole_beam_distribution():
     target, draft = random_markov_pair(4, 12, 1)
     sampling = Sampling(1.0, top_k=6)
@@ -73,6 +79,7 @@ def test_the_forest_keeps_each_layers_whole_beam_distribution():
 
 # -- the law -------------------------------------------------------------------------------------------------------
 
+
 def test_one_draft_beam_is_speculative_sampling_exactly():
     report = check_method("dsbd", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=6, draft_width=1, gamma=2)
     assert report.passed, report.pairs
@@ -87,8 +94,9 @@ def test_the_reversed_ratio_of_the_papers_algorithm_fails_the_same_check(monkeyp
 def _answers(method, target, draft, runs, **kw):
     counts = {}
     for seed in range(runs):
-        out = tuple(generate(target, draft, [0], method=method, max_new_tokens=3, seed=seed, score=False,
-                             **kw).token_ids)
+        out = tuple(
+            generate(target, draft, [0], method=method, max_new_tokens=3, seed=seed, score=False, **kw).token_ids
+        )
         counts[out] = counts.get(out, 0) + 1
     return counts
 
@@ -142,8 +150,9 @@ def test_a_layer_needs_beam_width_acceptances_and_the_output_has_beam_width_beam
     target_beam = beam_distribution(torch.zeros(1), root, sampling)
     layer = ForestLayer(torch.zeros(3, dtype=torch.long), torch.tensor([1, 0, 1]), target_beam)  # draft = target
     for beam_width in (1, 2, 3):
-        v = forest_verify(torch.zeros(1), root, [layer], [nodes], sampling, beam_width,
-                          generator=torch.Generator().manual_seed(1))
+        v = forest_verify(
+            torch.zeros(1), root, [layer], [nodes], sampling, beam_width, generator=torch.Generator().manual_seed(1)
+        )
         assert v.layer_accepted == (beam_width,) and v.widths == (beam_width,) and not v.rejected
         assert v.depth == 2 and len(v.beams) == beam_width  # W_L beams drawn after the last layer
         assert all(b.parent < beam_width for b in v.beams)  # children of the accepted drafts only
@@ -157,16 +166,25 @@ def test_dsbd_at_temperature_zero_is_refused_with_one_line():
 
 # -- bookkeeping ---------------------------------------------------------------------------------------------------
 
+
 def test_a_draft_equal_to_the_target_passes_every_layer():
     target, _ = random_markov_pair(4, 40, 9)
-    r = generate(target, target, [0], method="dsbd", gamma=3, draft_width=3, width_threshold=0.0,
-                 max_new_tokens=24, seed=1)
+    r = generate(
+        target, target, [0], method="dsbd", gamma=3, draft_width=3, width_threshold=0.0, max_new_tokens=24, seed=1
+    )
     assert r.stats["target_calls"] == 6 and r.stats["accepted"] == 18  # 6 x (3 layers + 1)
 
 
-@pytest.mark.parametrize("kw", [{"width_threshold": 0.5, "min_width": 2}, {"width_threshold": 1.0},
-                                {"gamma": 4, "draft_width": 4}, {"one_cache": True, "output": "sample"},
-                                {"one_cache": True}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"width_threshold": 0.5, "min_width": 2},
+        {"width_threshold": 1.0},
+        {"gamma": 4, "draft_width": 4},
+        {"one_cache": True, "output": "sample"},
+        {"one_cache": True},
+    ],
+)
 def test_widths_stay_between_the_floor_and_the_draft_width_and_the_budget_holds(kw):
     target, draft = random_markov_pair(5, 60, 10)
     r = generate(target, draft, [1], method="dsbd", max_new_tokens=37, seed=2, top_k=3, **kw)

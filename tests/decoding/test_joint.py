@@ -22,6 +22,7 @@ def _rows(*rows):
 
 # -- the pure rule ------------------------------------------------------------------------------------------
 
+
 def test_the_longest_passing_prefix_is_accepted_even_after_a_failing_one():
     # target probabilities of the drafts: 0.5, 0.01, 0.9, 0.9; draft joint: 0.5, 0.25, 0.2, 0.15
     target = _rows([0.5, 0.5, 0, 0], [0.01, 0.99, 0, 0], [0.9, 0.1, 0, 0], [0.9, 0.1, 0, 0], [0, 0, 1.0, 0])
@@ -72,6 +73,7 @@ def test_tau_is_monotone():
 
 # -- the beam drafter ----------------------------------------------------------------------------------------
 
+
 def _session(target, draft, prompt, sampling, seed=0):
     return Session(target, draft, prompt, sampling, 16, torch.Generator().manual_seed(seed))
 
@@ -80,8 +82,16 @@ def _beams(s, width, deterministic=False, ratio="warped", warp="joint"):
     return BeamDraft(s.draft_runner(), setup_of(s), width, deterministic, ratio, warp)
 
 
-@pytest.mark.parametrize("deterministic, raw, warp", [(False, False, "rows"), (True, False, "rows"), (True, True, "rows"),
-                                                      (False, True, "joint"), (True, True, "joint")])
+@pytest.mark.parametrize(
+    "deterministic, raw, warp",
+    [
+        (False, False, "rows"),
+        (True, False, "rows"),
+        (True, True, "rows"),
+        (False, True, "joint"),
+        (True, True, "joint"),
+    ],
+)
 def test_beam_draft_logq_is_the_joint_of_the_returned_path(deterministic, raw, warp):
     target, draft = random_markov_pair(5, 12, 3)
     sampling = Sampling(1.0, top_k=3)
@@ -108,7 +118,9 @@ def test_beam_decoding_with_a_wide_beam_finds_the_joint_argmax():
 
 
 @pytest.mark.parametrize("rows, vocab, width, finite", [(1, 50, 4, 50), (5, 40, 8, 200), (3, 30, 8, 5), (4, 6, 8, 24)])
-def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outside_the_support(rows, vocab, width, finite):
+def test_beam_decoding_keeps_the_heaviest_extensions_of_all_beams_and_none_outside_the_support(
+    rows, vocab, width, finite
+):
     # the pick by a top-k per row and one over the rows' candidates must be the top-k over all rows x V, with
     # -inf (outside the support) never picked; one beam with all the heavy entries, others empty, and fewer
     # finite entries than W are the edge cases
@@ -153,8 +165,15 @@ def test_the_by_row_pick_equals_the_pick_over_all_extensions(temperature, dtype,
         assert scores == sorted(scores, reverse=True)
 
 
-@pytest.mark.parametrize("warp, sampling", [("joint", Sampling(1.0)), ("joint", Sampling(0.7)),
-                                            ("rows", Sampling(1.0)), ("rows", Sampling(0.8, top_k=50, top_p=0.9))])
+@pytest.mark.parametrize(
+    "warp, sampling",
+    [
+        ("joint", Sampling(1.0)),
+        ("joint", Sampling(0.7)),
+        ("rows", Sampling(1.0)),
+        ("rows", Sampling(0.8, top_k=50, top_p=0.9)),
+    ],
+)
 @pytest.mark.parametrize("ratio", ["warped", "raw"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_by_row_draws_are_the_draws_over_all_extensions(warp, sampling, ratio, dtype):
@@ -243,8 +262,19 @@ def test_mjsd_under_top_p_applies_the_tau_test():
     t[1, 2] = [tiny, tiny, 0.1, 0.9]
     target = MarkovLM(t / t.sum(-1, keepdims=True), name="target")
     for seed in range(5):
-        r = generate(target, draft, [0], method="mjsd", width=2, gamma=2, tau=0.5, top_p=0.5, max_new_tokens=3,
-                     seed=seed, score=False)
+        r = generate(
+            target,
+            draft,
+            [0],
+            method="mjsd",
+            width=2,
+            gamma=2,
+            tau=0.5,
+            top_p=0.5,
+            max_new_tokens=3,
+            seed=seed,
+            score=False,
+        )
         # first block: (1, x) rejected at once, 2 from the target; second: one draft, 3, which both allow
         assert r.token_ids[:2] == [2, 3] and r.stats["target_calls"] == 2 and r.stats["accepted"] == 1
 
@@ -281,6 +311,7 @@ def test_the_joint_warp_is_mtads_eq_2_and_the_row_warp_the_authors_code():
 
 # -- the methods ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("method", ["mtad", "mjsd"])
 def test_a_draft_identical_to_the_target_passes_every_block(method):
     target, _ = random_markov_pair(4, 40, 7)
@@ -310,15 +341,24 @@ def test_theorem_3_6_accepted_length_bound_holds_every_iteration():
     bound = min(3, math.ceil(abs(math.log(tau)) / u) - 1)
     assert bound >= 2  # the test says something
     for seed in range(20):
-        r = generate(target, draft, [0], method="mtad", gamma=3, width=4, tau=tau, ratio="raw", max_new_tokens=24,
-                     seed=seed)
+        r = generate(
+            target, draft, [0], method="mtad", gamma=3, width=4, tau=tau, ratio="raw", max_new_tokens=24, seed=seed
+        )
         hist = r.stats["accepted_length_histogram"]
         # every iteration but the last (which the budget may cut) accepted at least `bound`
         assert sum(hist[:bound]) <= 1, hist
 
 
-@pytest.mark.parametrize("kw", [{"tau": 0.0}, {"width": 8, "top_k": 2}, {"width": 8, "top_p": 0.3},
-                                {"max_new_tokens": 5, "gamma": 4}, {"temperature": 0}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"tau": 0.0},
+        {"width": 8, "top_k": 2},
+        {"width": 8, "top_p": 0.3},
+        {"max_new_tokens": 5, "gamma": 4},
+        {"temperature": 0},
+    ],
+)
 @pytest.mark.parametrize("method", ["mtad", "mjsd"])
 def test_edge_cases_run_and_respect_the_budget(method, kw):
     target, draft = random_markov_pair(5, 40, 8)
@@ -346,11 +386,13 @@ def test_greedy_mjsd_with_the_target_as_draft_is_greedy_ar_on_a_tiny_llama():
 
 # -- mtjd: the exact reference ----------------------------------------------------------------------------------
 
+
 def _log_likelihood(model: MarkovLM, prompt: list[int], output: list[int]) -> float:
     tokens = prompt + output
-    return sum(math.log(float(model.conditionals(len(prompt) - 1 + i)[tokens[len(prompt) - 1 + i],
-                                                                      tokens[len(prompt) + i]]))
-               for i in range(len(output)))
+    return sum(
+        math.log(float(model.conditionals(len(prompt) - 1 + i)[tokens[len(prompt) - 1 + i], tokens[len(prompt) + i]]))
+        for i in range(len(output))
+    )
 
 
 def test_greedy_mtjd_emits_the_joint_argmax_of_each_block():
@@ -377,8 +419,18 @@ def test_sampled_mtjd_blocks_follow_the_warped_joint():
     index = {tuple(o.tolist()): i for i, o in enumerate(outcomes)}
     counts = np.zeros(len(expected))
     for seed in range(3000):
-        out = generate(target, None, [1], method="mtjd", gamma=2, temperature=0.7, top_k=4, max_new_tokens=2,
-                       seed=seed, score=False).token_ids
+        out = generate(
+            target,
+            None,
+            [1],
+            method="mtjd",
+            gamma=2,
+            temperature=0.7,
+            top_k=4,
+            max_new_tokens=2,
+            seed=seed,
+            score=False,
+        ).token_ids
         counts[index[tuple(out)]] += 1
     assert (counts[expected == 0] == 0).all()
     assert np.abs(counts / counts.sum() - expected).max() < 0.03
@@ -401,10 +453,12 @@ def test_mjsd_with_a_perfect_draft_and_a_wide_beam_is_mtjd_with_a_target_token_a
     for seed in range(5):
         target, _ = random_markov_pair(3, 40, 200 + seed, concentration=0.5)
         # W >= V^(gamma - 1) keeps every prefix: the beam is the exact joint argmax; ratio 1 accepts it all
-        mjsd = generate(target, target, [0], method="mjsd", gamma=3, width=9, ratio="raw", temperature=0,
-                        max_new_tokens=24).token_ids
-        mtjd = generate(target, None, [0], method="mtjd", gamma=3, bonus=True, temperature=0,
-                        max_new_tokens=24).token_ids
+        mjsd = generate(
+            target, target, [0], method="mjsd", gamma=3, width=9, ratio="raw", temperature=0, max_new_tokens=24
+        ).token_ids
+        mtjd = generate(
+            target, None, [0], method="mtjd", gamma=3, bonus=True, temperature=0, max_new_tokens=24
+        ).token_ids
         assert mjsd == mtjd
 
 
@@ -427,6 +481,7 @@ def test_mtjd_stays_out_of_the_bench():
 
 
 # -- bild -------------------------------------------------------------------------------------------------------
+
 
 def test_rollback_cuts_at_the_first_token_the_target_finds_too_unlikely():
     # -log p of the drafts: 0.69, 2.3, 0.11 -> with tau2 = 1 the second is rolled back, the third never seen
@@ -460,8 +515,9 @@ def test_greedy_bild_is_greedy_ar():
 
 def test_bild_hands_over_when_the_draft_is_unsure_and_after_max_unchecked_tokens():
     target, draft = random_markov_pair(4, 60, 14)
-    sure = generate(target, draft, [0], method="bild", fallback=0.0, max_unchecked=5, rollback=50.0,
-                    max_new_tokens=48, seed=1).stats
+    sure = generate(
+        target, draft, [0], method="bild", fallback=0.0, max_unchecked=5, rollback=50.0, max_new_tokens=48, seed=1
+    ).stats
     # nothing has -log p above 50 here: 8 iterations of 5 drafts and a target token
     assert (sure["iterations"], sure["drafted"], sure["accepted"]) == (8, 40, 40)
     unsure = generate(target, draft, [0], method="bild", fallback=1.0, max_new_tokens=48, seed=1).stats
@@ -475,6 +531,7 @@ def test_bild_is_not_target_sampling():
 
 
 # -- perplexity in the stats -------------------------------------------------------------------------------------
+
 
 def test_generate_reports_the_outputs_perplexity_under_the_unwarped_target():
     target, draft = random_markov_pair(4, 30, 15)

@@ -23,8 +23,9 @@ def capacity_wide(model):
     """The model as a graphed step sees it (bucketed new tokens, a mask over the whole capacity), with the
     step called directly instead of a replay: what a CPU can check of the layout."""
     model.graphs = True
-    model._run_graphed = lambda ids, pos, masks, slots, cache: model._step(ids, pos, masks, slots, cache.keys,
-                                                                           cache.values)
+    model._run_graphed = lambda ids, pos, masks, slots, cache: model._step(
+        ids, pos, masks, slots, cache.keys, cache.values
+    )
     return model
 
 
@@ -38,12 +39,19 @@ def test_capacity_wide_masks_give_the_models_own_logits(family):
         got = model.forward(cache, torch.tensor([tokens]))
         seq += tokens
         assert cache.capacity > cache.length  # the mask spans slots that hold nothing yet
-        assert torch.allclose(got[0], full_logits(model, seq)[-len(tokens):], atol=1e-5)
+        assert torch.allclose(got[0], full_logits(model, seq)[-len(tokens) :], atol=1e-5)
 
 
-@pytest.mark.parametrize("method, params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
-                                            ("specinfer", {}), ("batch-sd", {"drafts": 2, "gamma": 3}),
-                                            ("beam", {"width": 3})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("sd", {"gamma": 4}),
+        ("mcsd", {"k_config": "2x2x1"}),
+        ("specinfer", {}),
+        ("batch-sd", {"drafts": 2, "gamma": 3}),
+        ("beam", {"width": 3}),
+    ],
+)
 def test_capacity_wide_greedy_methods_equal_them_without(method, params):
     target, draft = capacity_wide(tiny_llama(seed=5)), capacity_wide(tiny_llama(seed=6, layers=1))
     plain_target, plain_draft = tiny_llama(seed=5), tiny_llama(seed=6, layers=1)
@@ -100,9 +108,16 @@ def test_a_compiled_step_under_a_graph_gives_the_eager_logits(tmp_path, monkeypa
 
 
 @cuda
-@pytest.mark.parametrize("method, params", [("sd", {"gamma": 4}), ("mcsd", {"k_config": "2x2x1"}),
-                                            ("specinfer", {}), ("batch-sd", {"drafts": 2, "gamma": 3}),
-                                            ("beam", {"width": 3})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("sd", {"gamma": 4}),
+        ("mcsd", {"k_config": "2x2x1"}),
+        ("specinfer", {}),
+        ("batch-sd", {"drafts": 2, "gamma": 3}),
+        ("beam", {"width": 3}),
+    ],
+)
 def test_greedy_methods_with_cuda_graphs_equal_them_without(method, params):
     target, draft = on_cuda(tiny_llama(seed=5)), on_cuda(tiny_llama(seed=6, layers=1))
     plain_target, plain_draft = on_cuda(tiny_llama(seed=5)), on_cuda(tiny_llama(seed=6, layers=1))

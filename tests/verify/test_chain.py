@@ -87,7 +87,6 @@ def test_greedy_rows_accept_iff_draft_is_target_argmax():
         assert v.new_tokens == drafts[: expect[0]] + [expect[1]]
 
 
-
 def test_greedy_verify_is_the_chain_rule_on_one_hot_target_rows():
     # every case of up to 3 drafts over 3 tokens, draft rows one-hot or not: the same verdict as the rule;
     # a variant that stops at the first draft the draft itself doubted (not the target) differs
@@ -106,8 +105,13 @@ def test_greedy_verify_is_the_chain_rule_on_one_hot_target_rows():
                     for bonus in (True, False):
                         tokens, rows = torch.tensor(drafts), eye[list(targets)]
                         draft_rows = soft.expand(g, -1) if sum(drafts) % 2 else eye[tokens]
-                        want = speculative_verify(rows if bonus else rows[:-1], draft_rows, tokens,
-                                                  torch.Generator().manual_seed(0), bonus=bonus)
+                        want = speculative_verify(
+                            rows if bonus else rows[:-1],
+                            draft_rows,
+                            tokens,
+                            torch.Generator().manual_seed(0),
+                            bonus=bonus,
+                        )
                         count += rule(torch.tensor(targets if bonus else targets[:-1]), tokens, bonus) != want
         return count
 
@@ -123,12 +127,14 @@ def _counting_rows(rows: torch.Tensor, made: list[int]) -> LazyRows:
     def make(i):
         made.append(i)
         return rows[i].clone()
+
     return LazyRows(rows.shape[0], make)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("rule", [speculative_verify, partial(relaxed_verify, eps=0.05),
-                                  partial(relaxed_verify, eps=0.05, resample="uno")])
+@pytest.mark.parametrize(
+    "rule", [speculative_verify, partial(relaxed_verify, eps=0.05), partial(relaxed_verify, eps=0.05, resample="uno")]
+)
 def test_rows_made_on_use_give_the_same_verdicts_and_skip_rows_after_a_rejection(rule, dtype):
     rng = np.random.default_rng(3)
     skipped = 0
@@ -141,8 +147,13 @@ def test_rows_made_on_use_give_the_same_verdicts_and_skip_rows_after_a_rejection
         target = target if bonus else target[:-1]
         want = rule(target, draft, tokens, torch.Generator().manual_seed(trial), bonus=bonus)
         made_target, made_draft = [], []
-        got = rule(_counting_rows(target, made_target), _counting_rows(draft, made_draft), tokens,
-                   torch.Generator().manual_seed(trial), bonus=bonus)
+        got = rule(
+            _counting_rows(target, made_target),
+            _counting_rows(draft, made_draft),
+            tokens,
+            torch.Generator().manual_seed(trial),
+            bonus=bonus,
+        )
         assert got == want
         n = len(want.accepted)
         assert max(made_target) == min(n, target.shape[0] - 1)  # rows after the first rejection never made

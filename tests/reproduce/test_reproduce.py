@@ -37,34 +37,40 @@ def test_interval_narrows_with_more_prompts_and_covers_the_truth():
 
 def test_statistics_by_hand():
     # 10 tokens in 2 calls (5 per call) against 12 tokens in 4 calls (3 per call)
-    assert per_call_ratio(np.array([4.0, 6.0]), np.array([1.0, 1.0]), np.array([6.0, 6.0]),
-                          np.array([2.0, 2.0])) == pytest.approx(5 / 3)
+    assert per_call_ratio(
+        np.array([4.0, 6.0]), np.array([1.0, 1.0]), np.array([6.0, 6.0]), np.array([2.0, 2.0])
+    ) == pytest.approx(5 / 3)
     with pytest.raises(ValueError, match="one non-zero length"):
         paired_bootstrap(np.mean, np.array([]))
 
 
 # -- the verdict rule ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("low,high,direction,expected,want", [
-    (1.30, 1.60, +1, (1.42, 1.42), REPRODUCED),  # above 1 and holds the paper's 1.42
-    (1.05, 1.20, +1, (1.42, 1.42), DIRECTION),  # faster, not as much
-    (0.90, 1.60, +1, (1.42, 1.42), NOT),  # holds 1: no effect shown
-    (0.50, 0.80, +1, (1.42, 1.42), NOT),  # the other way
-    (1.60, 1.70, +1, (1.5, 1.9), REPRODUCED),  # overlaps the paper's range
-    (2.00, 2.20, +1, (1.5, 1.9), DIRECTION),  # beyond the range
-    (0.70, 0.85, -1, (0.79, 0.79), REPRODUCED),  # lower perplexity by about the paper's amount
-    (0.95, 0.99, -1, (0.79, 0.79), DIRECTION),
-    (1.01, 1.10, -1, None, NOT),
-    (0.97, 1.03, 0, None, REPRODUCED),  # equal within the 5 % margin
-    (0.80, 1.20, 0, None, NOT),  # holds 1 but too wide to show equality
-    (1.07, 1.20, 0, None, NOT),
-    (math.nan, math.nan, +1, None, NOT),
-])
+
+@pytest.mark.parametrize(
+    "low,high,direction,expected,want",
+    [
+        (1.30, 1.60, +1, (1.42, 1.42), REPRODUCED),  # above 1 and holds the paper's 1.42
+        (1.05, 1.20, +1, (1.42, 1.42), DIRECTION),  # faster, not as much
+        (0.90, 1.60, +1, (1.42, 1.42), NOT),  # holds 1: no effect shown
+        (0.50, 0.80, +1, (1.42, 1.42), NOT),  # the other way
+        (1.60, 1.70, +1, (1.5, 1.9), REPRODUCED),  # overlaps the paper's range
+        (2.00, 2.20, +1, (1.5, 1.9), DIRECTION),  # beyond the range
+        (0.70, 0.85, -1, (0.79, 0.79), REPRODUCED),  # lower perplexity by about the paper's amount
+        (0.95, 0.99, -1, (0.79, 0.79), DIRECTION),
+        (1.01, 1.10, -1, None, NOT),
+        (0.97, 1.03, 0, None, REPRODUCED),  # equal within the 5 % margin
+        (0.80, 1.20, 0, None, NOT),  # holds 1 but too wide to show equality
+        (1.07, 1.20, 0, None, NOT),
+        (math.nan, math.nan, +1, None, NOT),
+    ],
+)
 def test_verdicts(low, high, direction, expected, want):
     assert verdict(Estimate((low + high) / 2, low, high, 10), 1.0, direction, expected) == want
 
 
 # -- the whole report on tiny models ---------------------------------------------------------------
+
 
 def _tiny_tokenizer(vocab: int = 300):
     """A real byte-level BPE tokenizer (tokenizers + transformers), trained here on a few sentences that are
@@ -75,10 +81,17 @@ def _tiny_tokenizer(vocab: int = 300):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    text = ["a small draft proposes and a large target verifies in one pass", "the quick brown fox jumps over "
-            "the lazy dog", "speculative decoding keeps the target's distribution when the rule is exact"] * 20
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
+    text = [
+        "a small draft proposes and a large target verifies in one pass",
+        "the quick brown fox jumps over the lazy dog",
+        "speculative decoding keeps the target's distribution when the rule is exact",
+    ] * 20
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 

@@ -40,8 +40,9 @@ def tiny_pair():
 
 def id_prompts(tmp_path, n=4, name="ids.jsonl"):
     path = tmp_path / name
-    path.write_text("".join(json.dumps({"prompt": [3 + i, 10, 20 + i], "category": ["a", "b"][i % 2]}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(json.dumps({"prompt": [3 + i, 10, 20 + i], "category": ["a", "b"][i % 2]}) + "\n" for i in range(n))
+    )
     return path
 
 
@@ -52,17 +53,28 @@ def bench(pair, prompts, out, methods=("ar", "sd:gamma=3"), **kw):
 
 # -- prompt sets ---------------------------------------------------------------------------------
 
+
 def test_three_prompt_formats_in_file_order(tmp_path):
     spec = tmp_path / "mt.jsonl"
     spec.write_text(
-        json.dumps({"question_id": 81, "category": "writing", "turns": ["Write.", "Rewrite."]}) + "\n\n"
-        + json.dumps({"question_id": 101, "category": "reasoning", "turns": ["Who?", "Why?"],
-                      "reference": ["Second place.", "Uncertain."]}) + "\n")
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["Write.", "Rewrite."]})
+        + "\n\n"
+        + json.dumps(
+            {
+                "question_id": 101,
+                "category": "reasoning",
+                "turns": ["Who?", "Why?"],
+                "reference": ["Second place.", "Uncertain."],
+            }
+        )
+        + "\n"
+    )
     wmt = tmp_path / "wmt.json"
     wmt.write_text(json.dumps(["Translate: a\nOutput: ", "Translate: b\nOutput: "]))
     plain = tmp_path / "plain.jsonl"
-    plain.write_text(json.dumps({"prompt": "2+2?", "reference": "4", "id": "q1"}) + "\n"
-                     + json.dumps({"prompt": [1, 2, 3]}) + "\n")
+    plain.write_text(
+        json.dumps({"prompt": "2+2?", "reference": "4", "id": "q1"}) + "\n" + json.dumps({"prompt": [1, 2, 3]}) + "\n"
+    )
     ps = load_prompts([spec, wmt, plain])
     assert [p.id for p in ps] == ["mt:81", "mt:101", "wmt:0", "wmt:1", "plain:q1", "plain:1"]
     assert [p.category for p in ps] == ["writing", "reasoning", "wmt", "wmt", "plain", "plain"]
@@ -99,18 +111,27 @@ def test_spread_takes_categories_in_turn(tmp_path):
     assert [p.id for p in load_prompts([a], limit=4, spread=True)] == ["a:0", "a:3", "a:6", "a:1"]
     assert [p.id for p in load_prompts([a, b], limit=2, spread=True)] == ["a:0", "a:3", "b:0", "b:1"]
     assert [p.id for p in load_prompts([a], categories=["z", "y"], spread=True)] == [
-        "a:3", "a:6", "a:4", "a:7", "a:5", "a:8"]
+        "a:3",
+        "a:6",
+        "a:4",
+        "a:7",
+        "a:5",
+        "a:8",
+    ]
 
 
-@pytest.mark.parametrize("content, needle", [
-    ('{"turns": ["ok"]}\n{"turns": ["cut"', "line 2 is not valid JSON"),
-    ('{"question": "no prompt field"}\n', "line 1 has neither 'turns'"),
-    ('{"prompt": ""}\n', "'prompt' must be a non-empty string"),
-    ('{"turns": []}\n', "'turns' must be a list"),
-    ('["fine", 3]', "list of non-empty strings"),
-    ('["unclosed", ', "not valid JSON"),
-    ("   \n", "is empty"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ('{"turns": ["ok"]}\n{"turns": ["cut"', "line 2 is not valid JSON"),
+        ('{"question": "no prompt field"}\n', "line 1 has neither 'turns'"),
+        ('{"prompt": ""}\n', "'prompt' must be a non-empty string"),
+        ('{"turns": []}\n', "'turns' must be a list"),
+        ('["fine", 3]', "list of non-empty strings"),
+        ('["unclosed", ', "not valid JSON"),
+        ("   \n", "is empty"),
+    ],
+)
 def test_malformed_prompt_files(tmp_path, content, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -121,9 +142,14 @@ def test_malformed_prompt_files(tmp_path, content, needle):
 def test_spec_bench_rag_rows_with_several_acceptable_answers(tmp_path):
     # Spec-Bench's RAG rows give, per turn, a list of acceptable answers; the first is the reference
     path = tmp_path / "rag.jsonl"
-    path.write_text(json.dumps({"question_id": 1, "category": "rag", "turns": ["Who?"],
-                                "reference": [["Pakistan", "the Pakistani state"]]}) + "\n"
-                    + json.dumps({"turns": ["Bad?"], "reference": [[1, 2]]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {"question_id": 1, "category": "rag", "turns": ["Who?"], "reference": [["Pakistan", "the Pakistani state"]]}
+        )
+        + "\n"
+        + json.dumps({"turns": ["Bad?"], "reference": [[1, 2]]})
+        + "\n"
+    )
     with pytest.raises(ValueError, match="line 2: 'reference' must be a string"):
         load_prompts([path])
     path.write_text(path.read_text().splitlines()[0] + "\n")
@@ -136,6 +162,7 @@ def test_missing_prompt_file(tmp_path):
 
 
 # -- metrics -------------------------------------------------------------------------------------
+
 
 def test_perplexity_is_the_unwarped_target_likelihood_by_hand():
     table = [[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]]
@@ -174,6 +201,7 @@ def test_text_metrics_on_known_strings():
 
 # -- energy --------------------------------------------------------------------------------------
 
+
 def fake_powercap(root, packages):
     for i, (energy, span) in enumerate(packages):
         zone = root / f"intel-rapl:{i}"
@@ -209,6 +237,7 @@ def test_no_readable_meter_means_unavailable(tmp_path):
 
 class SteppingMeter(Meter):
     """A stand-in for hardware this machine lacks: the counter advances 1.5 J per reading."""
+
     name = "test counter"
 
     def __init__(self):
@@ -249,6 +278,7 @@ def test_peak_memory_sees_a_tensor_held_during_the_run_and_not_one_freed_before(
 
 # -- the run loop --------------------------------------------------------------------------------
 
+
 def test_rows_report_and_plots(tmp_path, tiny_pair):
     prompts = load_prompts([id_prompts(tmp_path, 4)])
     out = tmp_path / "out"
@@ -286,11 +316,18 @@ def test_target_calls_are_the_forwards_the_target_ran(tmp_path, tiny_pair):
     # counted independently of the engine's counters: a hook on the transformers model itself
     # (the row methods too: beam and dsbd feed and commit several cache rows per call)
     forwards = {"target": 0, "draft": 0}
-    hooks = [m.model.register_forward_pre_hook(lambda *_, k=k: forwards.__setitem__(k, forwards[k] + 1))
-             for k, m in zip(forwards, tiny_pair, strict=True)]
+    hooks = [
+        m.model.register_forward_pre_hook(lambda *_, k=k: forwards.__setitem__(k, forwards[k] + 1))
+        for k, m in zip(forwards, tiny_pair, strict=True)
+    ]
     try:
-        bench(tiny_pair, load_prompts([id_prompts(tmp_path, 3)]), tmp_path / "out",
-              methods=["sd:gamma=3", "beam:width=3", "dsbd"], temperatures=[0, 1])
+        bench(
+            tiny_pair,
+            load_prompts([id_prompts(tmp_path, 3)]),
+            tmp_path / "out",
+            methods=["sd:gamma=3", "beam:width=3", "dsbd"],
+            temperatures=[0, 1],
+        )
     finally:
         for hook in hooks:
             hook.remove()
@@ -359,7 +396,12 @@ def test_results_are_appended_per_prompt_and_resume_skips_finished_rows(tmp_path
         bench(tiny_pair, prompts, out, methods=["flaky"])
     rows = read_results(out / "results.jsonl")
     assert [(r["prompt_id"], r["method"]) for r in rows] == [
-        ("ids:0", "ar"), ("ids:0", "flaky"), ("ids:1", "ar"), ("ids:1", "flaky"), ("ids:2", "ar")]
+        ("ids:0", "ar"),
+        ("ids:0", "flaky"),
+        ("ids:1", "ar"),
+        ("ids:1", "flaky"),
+        ("ids:2", "ar"),
+    ]
     with pytest.raises(ValueError, match="exists: pass --resume"):
         bench(tiny_pair, prompts, out, methods=["flaky"])
     calls["stop_at"] = None
@@ -407,16 +449,19 @@ def test_a_method_that_fails_on_one_prompt_is_an_error_row_and_the_run_goes_on(t
     assert "fragile: 1 failed — RuntimeError: cannot handle this prompt" in (tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("methods, kw, needle", [
-    (["nope"], {}, "unknown method 'nope'; known methods: .*hf-assisted"),
-    (["sd:gamma=x"], {}, "gamma must be an integer or 'auto', got 'x'"),
-    (["sd:depth=2"], {}, "has no parameter 'depth'"),
-    (["sd:gamma"], {}, "KEY=VALUE"),
-    (["hf:gamma=2"], {}, "takes no parameters"),
-    (["ar", "ar"], {}, "listed twice"),
-    (["ar"], {"temperatures": [-1]}, "temperature must be a finite number >= 0"),
-    (["ar"], {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "methods, kw, needle",
+    [
+        (["nope"], {}, "unknown method 'nope'; known methods: .*hf-assisted"),
+        (["sd:gamma=x"], {}, "gamma must be an integer or 'auto', got 'x'"),
+        (["sd:depth=2"], {}, "has no parameter 'depth'"),
+        (["sd:gamma"], {}, "KEY=VALUE"),
+        (["hf:gamma=2"], {}, "takes no parameters"),
+        (["ar", "ar"], {}, "listed twice"),
+        (["ar"], {"temperatures": [-1]}, "temperature must be a finite number >= 0"),
+        (["ar"], {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ],
+)
 def test_library_rejects_bad_runs(tmp_path, tiny_pair, methods, kw, needle):
     prompts = load_prompts([id_prompts(tmp_path, 1)])
     with pytest.raises(ValueError, match=needle):
@@ -435,6 +480,7 @@ def test_library_rejects_an_output_folder_that_is_a_file_and_a_missing_draft(tmp
 
 # -- command line --------------------------------------------------------------------------------
 
+
 def cli_error(capsys, *args):
     code = main(["bench", *map(str, args)])
     err = capsys.readouterr().err.strip()
@@ -451,8 +497,9 @@ def test_cli_bad_input_gives_one_line_and_status_2(tmp_path, capsys):
     assert "missing.jsonl does not exist" in cli_error(capsys, "--prompts", tmp_path / "missing.jsonl", "--out", out)
     assert "line 2 is not valid JSON" in cli_error(capsys, "--prompts", bad, "--out", out)
     assert "unknown method 'magic'" in cli_error(capsys, "--prompts", good, "--method", "magic", "--out", out)
-    assert "gamma must be an integer or 'auto', got '2.5'" in cli_error(capsys, "--prompts", good, "--method", "sd:gamma=2.5",
-                                                             "--out", out)
+    assert "gamma must be an integer or 'auto', got '2.5'" in cli_error(
+        capsys, "--prompts", good, "--method", "sd:gamma=2.5", "--out", out
+    )
     assert "is a file, not a folder" in cli_error(capsys, "--prompts", good, "--out", tmp_path / "file")
     assert "unknown preset 'huge'" in cli_error(capsys, "--preset", "huge", "--out", out)
     assert "unknown category 'z'" in cli_error(capsys, "--prompts", good, "--categories", "z", "--out", out)
@@ -463,9 +510,26 @@ def test_cli_end_to_end_on_saved_tiny_models(tmp_path, tiny_pair, capsys):
     for name, model in zip(("target", "draft"), tiny_pair, strict=True):
         model.model.save_pretrained(tmp_path / name)
     prompts = id_prompts(tmp_path, 2)
-    args = ["bench", "--prompts", str(prompts), "--target", str(tmp_path / "target"), "--draft",
-            str(tmp_path / "draft"), "--method", "sd:gamma=2", "--method", "hf", "--max-new-tokens", "5",
-            "--out", str(tmp_path / "out"), "--limit", "1", "--no-warmup"]
+    args = [
+        "bench",
+        "--prompts",
+        str(prompts),
+        "--target",
+        str(tmp_path / "target"),
+        "--draft",
+        str(tmp_path / "draft"),
+        "--method",
+        "sd:gamma=2",
+        "--method",
+        "hf",
+        "--max-new-tokens",
+        "5",
+        "--out",
+        str(tmp_path / "out"),
+        "--limit",
+        "1",
+        "--no-warmup",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "sd:gamma=2" in printed and "tokens/s" in printed and "report.md" in printed
@@ -476,14 +540,27 @@ def test_cli_end_to_end_on_saved_tiny_models(tmp_path, tiny_pair, capsys):
 
 # -- the real default pair -----------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_default_pair_one_prompt(tmp_path, default_pair):
     path = tmp_path / "q.jsonl"
-    path.write_text(json.dumps({"prompt": "What is the capital of France? Answer in one word.",
-                                "reference": "Paris", "category": "qa"}) + "\n")
-    summary = run_bench(default_pair.target, default_pair.draft, load_prompts([path]),
-                        ["ar", "sd:gamma=4", "hf", "hf-assisted"], tmp_path / "out", max_new_tokens=8,
-                        progress=False, warmup=False, models=default_pair.description)
+    path.write_text(
+        json.dumps(
+            {"prompt": "What is the capital of France? Answer in one word.", "reference": "Paris", "category": "qa"}
+        )
+        + "\n"
+    )
+    summary = run_bench(
+        default_pair.target,
+        default_pair.draft,
+        load_prompts([path]),
+        ["ar", "sd:gamma=4", "hf", "hf-assisted"],
+        tmp_path / "out",
+        max_new_tokens=8,
+        progress=False,
+        warmup=False,
+        models=default_pair.description,
+    )
     rows = {r["method"]: r for r in read_results(tmp_path / "out" / "results.jsonl")}
     assert not any(r["error"] for r in rows.values())
     ar_row = rows["ar"]
@@ -497,6 +574,7 @@ def test_default_pair_one_prompt(tmp_path, default_pair):
 
 
 # -- the llama-cpp peer ------------------------------------------------------------------------------
+
 
 def test_llama_cpp_peer_is_opt_in_and_named_in_errors(tmp_path, tiny_pair, monkeypatch):
     from multispec.bench import llamacpp
@@ -520,8 +598,9 @@ def test_llama_cpp_peer_is_opt_in_and_named_in_errors(tmp_path, tiny_pair, monke
 
 
 def test_cli_names_a_missing_gguf_file(tmp_path, capsys):
-    err = cli_error(capsys, "--prompts", id_prompts(tmp_path, 1), "--gguf", tmp_path / "missing.gguf",
-                    "--out", tmp_path / "out")
+    err = cli_error(
+        capsys, "--prompts", id_prompts(tmp_path, 1), "--gguf", tmp_path / "missing.gguf", "--out", tmp_path / "out"
+    )
     assert "missing.gguf: no such file" in err
 
 
@@ -529,10 +608,23 @@ def test_cli_names_a_missing_gguf_file(tmp_path, capsys):
 def test_llama_cpp_peer_on_the_shipped_gguf(tmp_path, default_pair):
     pytest.importorskip("llama_cpp", reason="the llama-cpp peer is optional (llama-cpp-python builds llama.cpp)")
     path = tmp_path / "q.jsonl"
-    path.write_text(json.dumps({"prompt": "What is the capital of France? Answer in one word.",
-                                "reference": "Paris", "category": "qa"}) + "\n")
-    run_bench(default_pair.target, None, load_prompts([path]), ["ar", "llama-cpp"], tmp_path / "out",
-              max_new_tokens=12, temperatures=[0, 1], progress=False, warmup=False)
+    path.write_text(
+        json.dumps(
+            {"prompt": "What is the capital of France? Answer in one word.", "reference": "Paris", "category": "qa"}
+        )
+        + "\n"
+    )
+    run_bench(
+        default_pair.target,
+        None,
+        load_prompts([path]),
+        ["ar", "llama-cpp"],
+        tmp_path / "out",
+        max_new_tokens=12,
+        temperatures=[0, 1],
+        progress=False,
+        warmup=False,
+    )
     rows = read_results(tmp_path / "out" / "results.jsonl")
     peer = {r["temperature"]: r for r in rows if r["method"] == "llama-cpp"}
     assert not any(r["error"] for r in rows), [r["error"] for r in rows]
@@ -554,8 +646,20 @@ def test_llama_cpp_peer_on_the_shipped_gguf(tmp_path, default_pair):
 
 # -- sweeps over processes ------------------------------------------------------------------------
 
-DETERMINED = ("text", "token_ids", "new_tokens", "target_calls", "draft_calls", "block_efficiency",
-              "acceptance_rate", "stopped", "seed", "prompt_tokens", "error", "accepted_length_histogram")
+DETERMINED = (
+    "text",
+    "token_ids",
+    "new_tokens",
+    "target_calls",
+    "draft_calls",
+    "block_efficiency",
+    "acceptance_rate",
+    "stopped",
+    "seed",
+    "prompt_tokens",
+    "error",
+    "accepted_length_histogram",
+)
 
 
 def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_path, tiny_pair):
@@ -564,13 +668,34 @@ def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_pat
     for name, model in zip(("target", "draft"), tiny_pair, strict=True):
         model.model.save_pretrained(tmp_path / name)
     prompts = id_prompts(tmp_path, 5)
-    common = ["bench", "--prompts", str(prompts), "--target", str(tmp_path / "target"), "--draft",
-              str(tmp_path / "draft"), "--method", "sd:gamma=2", "--method", "mcsd:k_config=2x1",
-              "--temperature", "0", "--temperature", "1", "--max-new-tokens", "6", "--no-warmup"]
+    common = [
+        "bench",
+        "--prompts",
+        str(prompts),
+        "--target",
+        str(tmp_path / "target"),
+        "--draft",
+        str(tmp_path / "draft"),
+        "--method",
+        "sd:gamma=2",
+        "--method",
+        "mcsd:k_config=2x1",
+        "--temperature",
+        "0",
+        "--temperature",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--no-warmup",
+    ]
     assert main([*common, "--out", str(tmp_path / "one")]) == 0
     one = read_results(tmp_path / "one" / "results.jsonl")
-    proc = subprocess.run([sys.executable, "-m", "multispec", *common, "--out", str(tmp_path / "two"),
-                           "--processes", "2"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multispec", *common, "--out", str(tmp_path / "two"), "--processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = read_results(tmp_path / "two" / "results.jsonl")
     assert len(one) == len(two) == 5 * 3 * 2  # prompts x (ar, sd, mcsd) x temperatures
@@ -594,8 +719,12 @@ def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_pat
     (died / "shards" / "results.0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine[0]))
     (died / "shards" / "results.1.jsonl").write_text(json.dumps(mine[1][0]) + "\n" + json.dumps(mine[1][1])[:40])
     kept = {(r["prompt_id"], r["method"], r["temperature"]): r["seconds"] for r in mine[0] + mine[1][:1]}
-    proc = subprocess.run([sys.executable, "-m", "multispec", *common, "--out", str(died), "--processes", "2",
-                           "--resume"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multispec", *common, "--out", str(died), "--processes", "2", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = read_results(died / "results.jsonl")
     assert [[r[k] for k in key] for r in resumed] == [[r[k] for k in key] for r in one]  # each row once

@@ -40,8 +40,10 @@ def node_law(rule, target, draft, k, replacement, trials=TRIALS, seed=0):
 TOL = 4 * np.sqrt(0.25 / TRIALS)  # four standard errors of a rate
 
 
-@pytest.mark.parametrize("k, alg1, alg2, naive", [
-    (1, 0.6, 0.6, 0.28), (2, 0.76, 0.9, 0.456), (3, 0.828, 1.0, 0.5776), (4, 0.8624, None, 0.6672)])
+@pytest.mark.parametrize(
+    "k, alg1, alg2, naive",
+    [(1, 0.6, 0.6, 0.28), (2, 0.76, 0.9, 0.456), (3, 0.828, 1.0, 0.5776), (4, 0.8624, None, 0.6672)],
+)
 def test_golden_node_acceptance_example_1(k, alg1, alg2, naive):
     rate, law = node_law(recursive_rejection, EX1_TARGET, EX1_DRAFT, k, True)
     assert abs(rate - alg1) < TOL and np.abs(law - EX1_TARGET.numpy()).max() < TOL
@@ -52,8 +54,9 @@ def test_golden_node_acceptance_example_1(k, alg1, alg2, naive):
     assert abs(rate - naive) < TOL and np.abs(law - EX1_TARGET.numpy()).max() < TOL
 
 
-@pytest.mark.parametrize("k, alg1, alg2, naive", [
-    (2, 0.72, 0.764286, 0.35), (3, 0.768, 0.840298, 0.4646), (4, 0.7912, 1.0, 0.5537)])
+@pytest.mark.parametrize(
+    "k, alg1, alg2, naive", [(2, 0.72, 0.764286, 0.35), (3, 0.768, 0.840298, 0.4646), (4, 0.7912, 1.0, 0.5537)]
+)
 def test_golden_node_acceptance_example_2(k, alg1, alg2, naive):
     assert abs(node_law(recursive_rejection, EX2_TARGET, EX2_DRAFT, k, True, 20000)[0] - alg1) < 2 * TOL
     assert abs(node_law(without_replacement_rejection, EX2_TARGET, EX2_DRAFT, k, False, 20000)[0] - alg2) < 2 * TOL
@@ -81,8 +84,10 @@ def tree_block_efficiency(branching, rule, replacement, trials=20000, seed=0):
     return total / trials
 
 
-@pytest.mark.parametrize("branching, replacement, expected", [
-    ((1, 1), True, 1.96), ((2, 1), True, 2.216), ((2, 1), False, 2.44), ((4, 2, 2, 1, 1), True, 3.4941)])
+@pytest.mark.parametrize(
+    "branching, replacement, expected",
+    [((1, 1), True, 1.96), ((2, 1), True, 2.216), ((2, 1), False, 2.44), ((4, 2, 2, 1, 1), True, 3.4941)],
+)
 def test_golden_tree_block_efficiency(branching, replacement, expected):
     rule = recursive_rejection if replacement else without_replacement_rejection
     trials = 6000 if len(branching) > 2 else 12000
@@ -92,11 +97,15 @@ def test_golden_tree_block_efficiency(branching, replacement, expected):
 
 # -- known-wrong variants (MCSD §5.6 item 10): each must give the wrong law --------------------------
 
-@pytest.mark.parametrize("rule, k, replacement, wrong_law", [
-    (dedupe_rejection, 3, True, [0.436, 0.364, 0.2]),
-    (sorted_rejection, 2, False, [0.5, 0.2, 0.3]),
-    (recursive_rejection, 2, False, [0.4, 0.4, 0.2]),  # drawn without replacement, verified as i.i.d.
-])
+
+@pytest.mark.parametrize(
+    "rule, k, replacement, wrong_law",
+    [
+        (dedupe_rejection, 3, True, [0.436, 0.364, 0.2]),
+        (sorted_rejection, 2, False, [0.5, 0.2, 0.3]),
+        (recursive_rejection, 2, False, [0.4, 0.4, 0.2]),  # drawn without replacement, verified as i.i.d.
+    ],
+)
 def test_known_wrong_variants_have_the_wrong_law(rule, k, replacement, wrong_law):
     _, law = node_law(rule, EX1_TARGET, EX1_DRAFT, k, replacement)
     assert np.abs(law - np.array(wrong_law)).max() < TOL
@@ -156,8 +165,9 @@ def test_one_hot_draft_rows_reduce_to_exact_match():
 
 
 def test_empty_tree_is_a_plain_target_step():
-    v = tree_verify(TokenTree.from_parents([]), torch.empty(0, dtype=torch.long), EYE[[2]],
-                    torch.empty(0, 6, dtype=torch.float64))
+    v = tree_verify(
+        TokenTree.from_parents([]), torch.empty(0, dtype=torch.long), EYE[[2]], torch.empty(0, 6, dtype=torch.float64)
+    )
     assert v == Verdict((), (), 2, False)
 
 
@@ -223,8 +233,12 @@ def test_greedy_tree_verify_is_the_tree_walk_on_one_hot_target_rows():
         while tree.children(node):
             node = tree.children(node)[0]
             accepted.append(node)
-        return Verdict(tuple(accepted), tuple(int(tokens[a]) for a in accepted),
-                       int(target_tokens[1 + node]) if bonus else None, False)
+        return Verdict(
+            tuple(accepted),
+            tuple(int(tokens[a]) for a in accepted),
+            int(target_tokens[1 + node]) if bonus else None,
+            False,
+        )
 
     mismatches = {"greedy": 0, "wrong": 0}
     for case in range(300):
@@ -238,12 +252,14 @@ def test_greedy_tree_verify_is_the_tree_walk_on_one_hot_target_rows():
         draft = torch.softmax(torch.randn(1 + n, vocab, generator=rng, dtype=torch.float64), -1)
         for rule in (recursive_rejection, without_replacement_rejection, naive_rejection):
             if rule is without_replacement_rejection:  # its candidates must be distinct per parent
-                if any(len(set(tokens[list(tree.children(g))].tolist())) != len(tree.children(g))
-                       for g in range(-1, n)):
+                if any(
+                    len(set(tokens[list(tree.children(g))].tolist())) != len(tree.children(g)) for g in range(-1, n)
+                ):
                     continue
             for bonus in (True, False):
-                want = tree_verify(tree, tokens, eye[targets], draft, torch.Generator().manual_seed(case), rule,
-                                   bonus, live, fixed)
+                want = tree_verify(
+                    tree, tokens, eye[targets], draft, torch.Generator().manual_seed(case), rule, bonus, live, fixed
+                )
                 got = greedy_tree_verify(tree, tokens, targets, bonus, live, fixed)
                 mismatches["greedy"] += got != want
                 mismatches["wrong"] += first_child_always(tree, tokens, targets, bonus, live, fixed) != want

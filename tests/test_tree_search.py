@@ -35,6 +35,7 @@ IRREGULAR = [-1, -1, 0, 0, 2, -1]  # three children of the root; the first has t
 
 # -- trees ------------------------------------------------------------------------------------------
 
+
 def test_a_tree_is_read_from_parents_or_nested_lists_and_laid_out_breadth_first(tmp_path):
     nested = tree_from_json([[[], []], []])
     assert nested.parents.tolist() == [-1, -1, 0, 0]
@@ -61,15 +62,18 @@ def test_a_drafted_level_keeps_each_nodes_own_number_of_draws():
     assert [even.draws(d, "cpu") for d in (1, 2, 3)] == [(2, None), (2, None), (1, None)]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("[0]", "parents must come before their children"),
-    ("[-1, 2, 0]", "parents must come before their children"),
-    ("[]", "non-empty list"),
-    ("[-1, true]", "integers only"),
-    ("[[], 3]", "integers only"),
-    ('{"kids": [-1]}', "'parents' list"),
-    ("-1, 0", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[0]", "parents must come before their children"),
+        ("[-1, 2, 0]", "parents must come before their children"),
+        ("[]", "non-empty list"),
+        ("[-1, true]", "integers only"),
+        ("[[], 3]", "integers only"),
+        ('{"kids": [-1]}', "'parents' list"),
+        ("-1, 0", "not JSON"),
+    ],
+)
 def test_a_bad_tree_file_is_refused_with_the_reason(tmp_path, content, message):
     path = tmp_path / "tree.json"
     path.write_text(content)
@@ -85,6 +89,7 @@ def test_a_missing_tree_file_is_named():
 
 
 # -- acceptance by sibling rank -----------------------------------------------------------------
+
 
 def _counts(ranks, key="model"):
     return ranks[key].tries.tolist(), ranks[key].accepts.tolist()
@@ -132,13 +137,13 @@ def test_tree_methods_report_rank_acceptance_in_stats():
 
 # -- the optimal tree -----------------------------------------------------------------------------
 
+
 def _every_tree(n: int, depth: int, ranks: int):
     seen = set()
     for parents in itertools.product(*[range(-1, g) for g in range(n)]):
         tree = TokenTree.canonical(list(parents))
         key = tuple(tree.parents.tolist())
-        if key not in seen and tree.max_depth <= depth and all(len(tree.children(g)) <= ranks
-                                                                 for g in range(-1, n)):
+        if key not in seen and tree.max_depth <= depth and all(len(tree.children(g)) <= ranks for g in range(-1, n)):
             seen.add(key)
             yield tree
 
@@ -179,8 +184,18 @@ def test_the_fastest_tree_follows_the_cost_curve():
     assert useless.nodes == 0  # drafting cannot pay: a plain step
 
 
-def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, chain_cost=None, chain_draft=None,
-                  chain_work=None, switch=0.0):
+def _every_choice(
+    table,
+    target_cost,
+    draft_cost,
+    context,
+    overhead,
+    per_node,
+    chain_cost=None,
+    chain_draft=None,
+    chain_work=None,
+    switch=0.0,
+):
     """Tokens per second of every (size, depth limit) the table holds, priced as `iteration_seconds` does: a
     chain on `chain_cost` and `chain_draft`, with work `chain_work` (per iteration, per node), where given; each
     drafted iteration's token pays `switch` seconds more."""
@@ -190,8 +205,13 @@ def _every_choice(table, target_cost, draft_cost, context, overhead, per_node, c
                 widths = table.widths(n, depth)
                 chain = len(widths) == n
                 a, b = chain_work if chain and chain_work else (overhead, per_node)
-                seconds = iteration_seconds(widths, (chain and chain_cost) or target_cost,
-                                            (chain and chain_draft) or draft_cost, context, a + b * n)
+                seconds = iteration_seconds(
+                    widths,
+                    (chain and chain_cost) or target_cost,
+                    (chain and chain_draft) or draft_cost,
+                    context,
+                    a + b * n,
+                )
                 yield table.value(n, depth) / (seconds + switch * table.value(n, depth))
 
 
@@ -200,8 +220,13 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
     rng = np.random.default_rng(seed)
     table = TreeTable(reach_of(rng.uniform(0.0, 0.9, size=(3, 4))), 24, 5)
     # a staircase curve with a cheap plateau (a compiled model's buckets) and a draft curve
-    target_cost = ForwardCost((tuple(0.01 * (1 + k // 4) + rng.uniform(0, 0.002) for k in range(1, 27)),
-                               tuple(0.02 * (1 + k // 4) for k in range(1, 27))), contexts=(128, 1024))
+    target_cost = ForwardCost(
+        (
+            tuple(0.01 * (1 + k // 4) + rng.uniform(0, 0.002) for k in range(1, 27)),
+            tuple(0.02 * (1 + k // 4) for k in range(1, 27)),
+        ),
+        contexts=(128, 1024),
+    )
     draft_cost = ForwardCost(tuple(0.001 + 0.0005 * k * rng.random() for k in range(1, 27)))
     overhead, per_node = 0.001 * seed, 0.0002 * (seed % 3)
     choice = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node)
@@ -209,44 +234,94 @@ def test_the_fastest_tree_is_the_fastest_of_all_sizes_and_depths(seed):
     best = max(plain, *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node))
     assert choice.tokens_per_second == pytest.approx(best, rel=1e-12)
     if choice.nodes:
-        assert choice.seconds == pytest.approx(iteration_seconds(choice.widths, target_cost, draft_cost, 500,
-                                                                 overhead + per_node * choice.nodes))
+        assert choice.seconds == pytest.approx(
+            iteration_seconds(choice.widths, target_cost, draft_cost, 500, overhead + per_node * choice.nodes)
+        )
     # each kind priced as it runs: chains on a cheaper (causal) curve and their own draft factor, a plain step
     # with its own work
     chain_cost, chain_draft = target_cost.scaled(rng.uniform(0.6, 1.0)), draft_cost.scaled(rng.uniform(0.5, 1.5))
     plain_cost, plain_overhead = target_cost.scaled(rng.uniform(0.7, 1.1)), 0.0005 * seed
-    kinds = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
-                         chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead)
-    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
-               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft))
+    kinds = fastest_tree(
+        table,
+        target_cost,
+        draft_cost,
+        500,
+        overhead,
+        per_node=per_node,
+        plain_cost=plain_cost,
+        chain_cost=chain_cost,
+        chain_draft_cost=chain_draft,
+        plain_overhead=plain_overhead,
+    )
+    best = max(
+        1.0 / (plain_cost(1, 500) + plain_overhead),
+        *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft),
+    )
     assert kinds.tokens_per_second == pytest.approx(best, rel=1e-12)
     # and a chain's own work line
     chain_work = (overhead * rng.uniform(0.2, 1.2), per_node * rng.uniform(0.5, 3.0))
-    lined = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
-                         chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead,
-                         chain_overhead=chain_work)
-    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
-               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft,
-                              chain_work))
+    lined = fastest_tree(
+        table,
+        target_cost,
+        draft_cost,
+        500,
+        overhead,
+        per_node=per_node,
+        plain_cost=plain_cost,
+        chain_cost=chain_cost,
+        chain_draft_cost=chain_draft,
+        plain_overhead=plain_overhead,
+        chain_overhead=chain_work,
+    )
+    best = max(
+        1.0 / (plain_cost(1, 500) + plain_overhead),
+        *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft, chain_work),
+    )
     assert lined.tokens_per_second == pytest.approx(best, rel=1e-12)
     # a one-time cost of drafting (a draft far behind) spread over the tokens left: each token drafting gives
     # pays `switch` more, a plain step's nothing
     switch = 0.004 * rng.random()
-    switched = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node, plain_cost=plain_cost,
-                            chain_cost=chain_cost, chain_draft_cost=chain_draft, plain_overhead=plain_overhead,
-                            chain_overhead=chain_work, switch=switch)
-    best = max(1.0 / (plain_cost(1, 500) + plain_overhead),
-               *_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft,
-                              chain_work, switch))
+    switched = fastest_tree(
+        table,
+        target_cost,
+        draft_cost,
+        500,
+        overhead,
+        per_node=per_node,
+        plain_cost=plain_cost,
+        chain_cost=chain_cost,
+        chain_draft_cost=chain_draft,
+        plain_overhead=plain_overhead,
+        chain_overhead=chain_work,
+        switch=switch,
+    )
+    best = max(
+        1.0 / (plain_cost(1, 500) + plain_overhead),
+        *_every_choice(
+            table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft, chain_work, switch
+        ),
+    )
     assert switched.tokens_per_second == pytest.approx(best, rel=1e-12)
     # with a margin, drafting only where it is that much faster than a plain step
     plain_speed = 1.0 / (plain_cost(1, 500) + plain_overhead)
     for margin in (0.0, 0.05, 0.3):
-        margined = fastest_tree(table, target_cost, draft_cost, 500, overhead, per_node=per_node,
-                                plain_cost=plain_cost, chain_cost=chain_cost, chain_draft_cost=chain_draft,
-                                plain_overhead=plain_overhead, chain_overhead=chain_work, margin=margin)
-        drafting = max(_every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost,
-                                     chain_draft, chain_work))
+        margined = fastest_tree(
+            table,
+            target_cost,
+            draft_cost,
+            500,
+            overhead,
+            per_node=per_node,
+            plain_cost=plain_cost,
+            chain_cost=chain_cost,
+            chain_draft_cost=chain_draft,
+            plain_overhead=plain_overhead,
+            chain_overhead=chain_work,
+            margin=margin,
+        )
+        drafting = max(
+            _every_choice(table, target_cost, draft_cost, 500, overhead, per_node, chain_cost, chain_draft, chain_work)
+        )
         expected = drafting if drafting > plain_speed * (1 + margin) else plain_speed
         assert margined.tokens_per_second == pytest.approx(expected, rel=1e-12)
         assert (margined.nodes > 0) == (drafting > plain_speed * (1 + margin))
@@ -267,10 +342,15 @@ def test_searching_small_trees_first_chooses_as_the_whole_budget(seed):
     per_node = 0.0001 if steps == 4 else 0.0
     expected = fastest_tree(whole, target_cost, draft_cost, 300, 0.001, per_node=per_node)
     choice, table = search_tree(rates, 64, 6, target_cost, draft_cost, 300, 0.001, per_node=per_node)
-    assert (choice.nodes, choice.depth, choice.tokens_per_second) == (expected.nodes, expected.depth,
-                                                                     expected.tokens_per_second)
-    assert table.tree(choice.nodes, choice.depth).parents.tolist() == whole.tree(expected.nodes,
-                                                                                 expected.depth).parents.tolist()
+    assert (choice.nodes, choice.depth, choice.tokens_per_second) == (
+        expected.nodes,
+        expected.depth,
+        expected.tokens_per_second,
+    )
+    assert (
+        table.tree(choice.nodes, choice.depth).parents.tolist()
+        == whole.tree(expected.nodes, expected.depth).parents.tolist()
+    )
     if seed % 2 and steps == 70:  # good acceptance on a flat curve: a tree beyond the first 16 nodes wins
         assert choice.nodes > 16 and table.max_nodes == 64
     if steps == 4 and seed % 2 == 0:
@@ -288,20 +368,33 @@ def test_a_chain_is_priced_on_the_causal_curve_and_a_plain_step_with_its_own_wor
     assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0).nodes == 0
     assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal).nodes == 1  # the same work for both
     # a chain's own work: light where a tree's is heavy, the chain pays again; heavy per node, it does not
-    assert fastest_tree(table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0,
-                        chain_overhead=(0.05, 0.05)).nodes == 1
-    assert fastest_tree(table, masked, None, 100, 0.0, chain_cost=causal, plain_overhead=0.0,
-                        chain_overhead=(0.0, 0.6)).nodes == 0
+    assert (
+        fastest_tree(
+            table, masked, None, 100, 0.6, chain_cost=causal, plain_overhead=0.0, chain_overhead=(0.05, 0.05)
+        ).nodes
+        == 1
+    )
+    assert (
+        fastest_tree(
+            table, masked, None, 100, 0.0, chain_cost=causal, plain_overhead=0.0, chain_overhead=(0.0, 0.6)
+        ).nodes
+        == 0
+    )
 
 
 def test_a_cost_curve_read_at_once_equals_its_points():
-    curve = ForwardCost(((0.010, 0.011, 0.012, 0.011, 0.020, 0.030), (0.014, 0.015, 0.017, 0.016, 0.026, 0.040)),
-                        contexts=(128, 1024), tokens=(1, 2, 3, 4, 8, 16), padded=16)
+    curve = ForwardCost(
+        ((0.010, 0.011, 0.012, 0.011, 0.020, 0.030), (0.014, 0.015, 0.017, 0.016, 0.026, 0.040)),
+        contexts=(128, 1024),
+        tokens=(1, 2, 3, 4, 8, 16),
+        padded=16,
+    )
     for context in (None, 64, 128, 700, 4000):
         assert curve.curve(40, context).tolist() == [curve(k, context) for k in range(41)]
 
 
 # -- exactness on irregular and chosen trees -----------------------------------------------------
+
 
 @pytest.fixture
 def irregular_file(tmp_path):
@@ -310,9 +403,16 @@ def irregular_file(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("params", [{"replacement": False}, {"replacement": True}, {"tree": "auto"},
-                                    {"tree": "auto", "adapt": True},
-                                    {"tree": "auto", "acceptance": "0.9/0.6;0.8/0.5", "overhead": "0/0/1/0/0"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"replacement": False},
+        {"replacement": True},
+        {"tree": "auto"},
+        {"tree": "auto", "adapt": True},
+        {"tree": "auto", "acceptance": "0.9/0.6;0.8/0.5", "overhead": "0/0/1/0/0"},
+    ],
+)
 def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
     params = {"tree": irregular_file, **params}
     report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
@@ -351,26 +451,51 @@ def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monk
 
 def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irregular_file, monkeypatch):
     monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: recursive_rejection)
-    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5,
-                          tree=irregular_file, replacement=False)
+    report = check_method(
+        "mcsd",
+        runs=3000,
+        pairs=2,
+        vocab=4,
+        n_tokens=3,
+        seed=1,
+        concentration=0.5,
+        tree=irregular_file,
+        replacement=False,
+    )
     assert not report.passed
 
 
 def test_tree_auto_reports_its_choices_and_is_reproducible():
     target, draft = random_markov_pair(6, 40, 2)
     # the choices read the verdicts and the per-machine curves, never this call's clock: the seed fixes them
-    runs = [generate(target, draft, [1], method="specinfer:tree=auto,acceptance=0.5/0.2,overhead=0.3/0.01",
-                     max_new_tokens=30, seed=4) for _ in range(3)]
+    runs = [
+        generate(
+            target,
+            draft,
+            [1],
+            method="specinfer:tree=auto,acceptance=0.5/0.2,overhead=0.3/0.01",
+            max_new_tokens=30,
+            seed=4,
+        )
+        for _ in range(3)
+    ]
     assert runs[0].token_ids == runs[1].token_ids == runs[2].token_ids
     assert runs[0].stats["trees_used"] == runs[1].stats["trees_used"] == runs[2].stats["trees_used"]
     stats = runs[0].stats
     assert sum(stats["trees_used"].values()) >= 1 and stats["predicted_tokens_per_second"] > 0
-    assert stats["iteration_overhead_seconds"] == {"per_iteration": 0.0003, "per_node": 0.00001,
-                                                   "plain_step": 0.0003, "chain": 0.0003, "chain_per_node": 0.00001,
-                                                   "measured": False}
+    assert stats["iteration_overhead_seconds"] == {
+        "per_iteration": 0.0003,
+        "per_node": 0.00001,
+        "plain_step": 0.0003,
+        "chain": 0.0003,
+        "chain_per_node": 0.00001,
+        "measured": False,
+    }
     assert stats["forward_factors"]["plain"] == {"target": 1.0}
     adapted = generate(target, draft, [1], method="specinfer:tree=auto,adapt=true", max_new_tokens=30, seed=4).stats
-    assert adapted["iteration_overhead_seconds"]["measured"] and adapted["iteration_overhead_seconds"]["per_iteration"] > 0
+    assert (
+        adapted["iteration_overhead_seconds"]["measured"] and adapted["iteration_overhead_seconds"]["per_iteration"] > 0
+    )
     for bad in ("-1", "1/2/3/4", "1/2/3/4/5/6", "x", "nan"):
         with pytest.raises(ValueError, match="overhead must be milliseconds"):
             generate(target, draft, [1], method="mcsd", tree="auto", overhead=bad, max_new_tokens=3)
@@ -379,14 +504,24 @@ def test_tree_auto_reports_its_choices_and_is_reproducible():
             generate(target, draft, [1], method="mcsd", tree="auto", factors=bad, max_new_tokens=3)
     with pytest.raises(ValueError, match="factors is a parameter of tree=auto"):
         generate(target, draft, [1], method="mcsd", factors="1/1/1", max_new_tokens=3)
-    tuned = generate(target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2,factors=0.9/1.1/1.2/0.8/1.3",
-                     max_new_tokens=10, seed=4).stats
+    tuned = generate(
+        target,
+        draft,
+        [1],
+        method="mcsd:tree=auto,overhead=0.3/0.01/0.2,factors=0.9/1.1/1.2/0.8/1.3",
+        max_new_tokens=10,
+        seed=4,
+    ).stats
     assert tuned["iteration_overhead_seconds"]["plain_step"] == pytest.approx(0.0002)
-    lined = generate(target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2/0.1/0.02", max_new_tokens=10,
-                     seed=4).stats["iteration_overhead_seconds"]
+    lined = generate(
+        target, draft, [1], method="mcsd:tree=auto,overhead=0.3/0.01/0.2/0.1/0.02", max_new_tokens=10, seed=4
+    ).stats["iteration_overhead_seconds"]
     assert (lined["chain"], lined["chain_per_node"]) == (pytest.approx(0.0001), pytest.approx(0.00002))
-    assert tuned["forward_factors"] == {"plain": {"target": 0.9}, "chain": {"target": 1.1, "draft": 0.8},
-                                        "tree": {"target": 1.2, "draft": 1.3}}
+    assert tuned["forward_factors"] == {
+        "plain": {"target": 0.9},
+        "chain": {"target": 1.1, "draft": 0.8},
+        "tree": {"target": 1.2, "draft": 1.3},
+    }
     with pytest.raises(ValueError, match="adapt is a parameter of tree=auto"):
         generate(target, draft, [1], method="mcsd", adapt=True, max_new_tokens=3)
     with pytest.raises(ValueError, match="acceptance is a parameter of tree=auto"):
@@ -500,6 +635,7 @@ def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_o
 
 # -- tune and plan files ------------------------------------------------------------------------
 
+
 def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     from multispec.bench import Prompt
     from multispec.tune import load_plan, tune, write_plan
@@ -527,7 +663,8 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
     assert work == pytest.approx([*result.overhead, result.ar_overhead, *chain], abs=1e-7)
     scaled = result.probe["forward_factors"]
     assert [float(x) for x in auto.params["factors"].split("/")] == pytest.approx(
-        [scaled["ar"], scaled["chain"][0], scaled["tree"][0], scaled["chain"][1], scaled["tree"][1]], abs=1e-4)
+        [scaled["ar"], scaled["chain"][0], scaled["tree"][0], scaled["chain"][1], scaled["tree"][1]], abs=1e-4
+    )
     # sd's own line from sd runs of two lengths on the chain probes' prompts (1 and 3)
     assert result.probe["sd_chains"] == [4, 1] and min(result.probe["sd_overhead_seconds"]) >= 0
     # ar is priced from runs on three prompts; the output length pools every run before the measurements (4
@@ -603,7 +740,7 @@ def test_tune_warms_each_kind_up_before_it_times_it(monkeypatch):
     measured = [c for c in result.candidates if c.measured_tokens_per_second is not None]
     measuring = len(measured) * len(prompts)  # the last calls
     assert all(c[3] == 12 for c in calls[-measuring:])
-    assert all(c[3] == short for c in calls[-measuring - len(measured):-measuring])
+    assert all(c[3] == short for c in calls[-measuring - len(measured) : -measuring])
 
 
 def test_a_candidate_spreads_its_prefill_over_the_expected_output():
@@ -636,11 +773,16 @@ def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
     path.write_text('{"method": "sd"}')
     with pytest.raises(ValueError, match="is not a plan file written by multispec tune"):
         load_plan(path)
-    proc = subprocess.run([sys.executable, "-m", "multispec.cli", "generate", "hi", "--plan", str(path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multispec.cli", "generate", "hi", "--plan", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "not a plan file" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "multispec.cli", "tune", "--limit", "1"], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multispec.cli", "tune", "--limit", "1"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2 and "--limit >= 2" in proc.stderr
 
 
@@ -657,7 +799,9 @@ def test_a_run_that_differs_from_what_its_plan_was_priced_on_is_told_so():
     assert len(eager) == 2 and "'T - bfloat16, compiled'; this run loads 'T - bfloat16'" in eager[0]
     assert eager[-1].endswith("run `multispec tune` here with this run's flags")
     other = plan_mismatches(plan, {"big": "B - float32", **{"draft": tuned["draft"]}}, host="box")
-    assert other == ["the plan was tuned on target / draft; this run loads big: its choice was priced on other "
-                     "forwards; run `multispec tune` here with this run's flags"]
+    assert other == [
+        "the plan was tuned on target / draft; this run loads big: its choice was priced on other "
+        "forwards; run `multispec tune` here with this run's flags"
+    ]
     moved = plan_mismatches(plan, dict(tuned), host="laptop")
     assert len(moved) == 1 and "tuned on host 'box'; this is 'laptop'" in moved[0]

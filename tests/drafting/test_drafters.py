@@ -25,6 +25,7 @@ SETUP = Setup(Sampling(1.0), torch.Generator(), 10, torch.device("cpu"))
 
 # -- the n-gram index and the two copying drafters --------------------------------------------------------
 
+
 def test_index_finds_the_longest_match_and_every_occurrence():
     index = NgramIndex(1, 3)
     tokens = [1, 2, 3, 9, 1, 2, 3, 7, 2, 3]
@@ -84,13 +85,21 @@ def test_fixed_proposal_rows_are_one_hot_on_each_parents_first_child():
 
 # -- fixed nodes in tree verification ----------------------------------------------------------------------
 
+
 def _verify_fixed(target_rows, tokens, parents, seed):
     tree = TokenTree.from_parents(parents)
     n = len(tokens)
-    return tree_verify(tree, torch.tensor(tokens), torch.tensor(target_rows, dtype=torch.float64),
-                       torch.zeros(1, len(target_rows[0]), dtype=torch.float64),
-                       torch.Generator().manual_seed(seed), recursive_rejection, True, None,
-                       torch.ones(n, dtype=torch.bool))
+    return tree_verify(
+        tree,
+        torch.tensor(tokens),
+        torch.tensor(target_rows, dtype=torch.float64),
+        torch.zeros(1, len(target_rows[0]), dtype=torch.float64),
+        torch.Generator().manual_seed(seed),
+        recursive_rejection,
+        True,
+        None,
+        torch.ones(n, dtype=torch.bool),
+    )
 
 
 def test_a_fixed_child_the_target_is_sure_of_always_passes_and_one_it_excludes_never():
@@ -126,6 +135,7 @@ def test_verifying_a_second_fixed_child_against_the_first_childs_row_is_biased()
 
 
 # -- exactness of the methods with copying drafters ------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "method, params, sampling",
@@ -174,12 +184,14 @@ def test_suffix_trees_without_the_fixed_mask_fail_the_checker(monkeypatch):
     monkeypatch.setattr(drafters, "fixed_proposal", unmasked)
     # five tokens over three: suffixes with several continuations are common (with two tokens the mistake
     # is harmless: after one is rejected the residual is one-hot on the other)
-    report = check_method("batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2,
-                          drafter="suffix")
+    report = check_method(
+        "batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2, drafter="suffix"
+    )
     assert not report.passed
     monkeypatch.setattr(drafters, "fixed_proposal", real)
-    assert check_method("batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2,
-                        drafter="suffix").passed
+    assert check_method(
+        "batch-sd", runs=RUNS, pairs=2, vocab=3, n_tokens=5, seed=3, drafts=3, gamma=2, drafter="suffix"
+    ).passed
 
 
 @pytest.fixture
@@ -205,6 +217,7 @@ def test_gamma_auto_passes_the_checker(markov_costs, drafter):
 
 
 # -- the controller ---------------------------------------------------------------------------------------
+
 
 def _option(key, length, runner=None):
     return Option(key, length, runner, lambda g: None)
@@ -354,8 +367,11 @@ def test_a_stored_compiled_curve_brings_its_bucket_route(tmp_path, monkeypatch):
         model.compile = True
         key = cost_key(model)
         _COSTS.pop(key, None)
-        entry = {"contexts": list(COST_CONTEXTS), "tokens": list(COST_TOKENS),
-                 "seconds": [[0.01] * len(COST_TOKENS)] * len(COST_CONTEXTS)}
+        entry = {
+            "contexts": list(COST_CONTEXTS),
+            "tokens": list(COST_TOKENS),
+            "seconds": [[0.01] * len(COST_TOKENS)] * len(COST_CONTEXTS),
+        }
         if route:
             entry["route"] = route
         (tmp_path / "forward_cost.json").write_text(json.dumps({key: entry}))
@@ -382,6 +398,7 @@ def tiny_llama_model():
 
 
 # -- the methods end to end --------------------------------------------------------------------------------
+
 
 def test_copying_drafters_need_no_draft_model_and_model_drafting_says_it_does(tiny_llama_model):
     prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
@@ -419,14 +436,19 @@ def test_bad_drafter_parameters_are_refused_before_any_model_runs():
 def test_every_drafter_gives_greedy_ar_on_real_text(default_pair):
     # a summary copies from its article: the copying drafters find matches and have drafts rejected too
     target, draft = default_pair.target, default_pair.draft
-    prompt = ("Summarise in two sentences: The city council met on Tuesday to discuss the new budget. The council "
-              "approved funding for three new parks and a library renovation. Council members debated the cost "
-              "of the library renovation for two hours before approving it.")
+    prompt = (
+        "Summarise in two sentences: The city council met on Tuesday to discuss the new budget. The council "
+        "approved funding for three new parks and a library renovation. Council members debated the cost "
+        "of the library renovation for two hours before approving it."
+    )
     ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=40).token_ids
     runs = [("sd", {"gamma": 4, "drafter": d}) for d in ("lookup", "suffix", "hybrid")]
-    runs += [("sd", {"gamma": "auto", "drafter": "hybrid"}), ("mcsd", {"k_config": "2x2x1", "drafter": "hybrid"}),
-             ("batch-sd", {"drafts": 3, "gamma": 3, "drafter": "suffix"}),
-             ("specinfer", {"k_config": "1x2x1", "drafter": "lookup"})]
+    runs += [
+        ("sd", {"gamma": "auto", "drafter": "hybrid"}),
+        ("mcsd", {"k_config": "2x2x1", "drafter": "hybrid"}),
+        ("batch-sd", {"drafts": 3, "gamma": 3, "drafter": "suffix"}),
+        ("specinfer", {"k_config": "1x2x1", "drafter": "lookup"}),
+    ]
     for method, params in runs:
         r = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=40, **params)
         assert r.token_ids == ar, (method, params)
