@@ -9,7 +9,8 @@ import importlib
 
 _EXPORTS = {
     "ModelPair": "api",
-    "Result": "api",
+    "Result": "result",
+    "Stats": "result",
     "generate": "api",
     "load_model": "api",
     "load_pair": "api",

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -18,6 +17,7 @@ from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel, default_dtype
 from .params import DEFAULT_METHOD, parse_method
+from .result import Result, Stats
 from .warp import Sampling
 
 
@@ -106,12 +106,25 @@ def load_pair(
     device_map: str | dict | None = None,
     compile: bool | str = False,
 ) -> ModelPair:
-    """The embedded default pair, or any target/draft given as hub ids or local paths; `dtype` and
-    `compile` for both (`compile="invariant"`: the target's compiled steps are batch-invariant, so greedy
-    speculative methods give greedy `ar`'s tokens; True: so are they where that costs no more on this machine;
-    "fast": never; the draft's, which decide nothing, are compiled as usual).
+    """The embedded default pair, or any target and draft given as hub ids or local paths.
 
-    With a target of your own and no draft, the pair has no draft (use `ar` or `beam`, or pass one).
+    Args:
+        target: a default name (`DEFAULT_NAMES`), a hub id or a local path; None: the default target.
+        draft: the same for the draft; None: the default draft with the default target, else no draft (use
+            `ar`, `beam` or a copying drafter, or pass one).
+        device: a torch device ("cpu", "cuda", "cuda:1"); None: the CPU.
+        dtype: "float32", "bfloat16" or "float16", for both; None: bfloat16 where the hardware has fast
+            bfloat16, else float32.
+        device_map: spread a hub target too large for one device over several (accelerate's, e.g. "auto").
+        compile: compiled forwards for both. "invariant": the target's compiled steps are batch-invariant, so
+            greedy speculative methods give greedy `ar`'s tokens; True: so are they where that costs no more on
+            this machine; "fast": never (the draft's, which decide nothing, are compiled as usual).
+
+    Returns:
+        A `ModelPair` (`target`, `draft` or None, `description`: each model in words).
+
+    Raises:
+        ValueError: a device this machine lacks, a model that cannot be read, vocabularies that differ.
     """
     target_model = load_model(target, device, dtype=dtype, device_map=device_map, compile=compile)
     if draft is None and target not in (None, TARGET_NAME):
@@ -152,14 +165,6 @@ def check_compatible(target: LanguageModel, draft: LanguageModel) -> None:
         )
 
 
-@dataclass
-class Result:
-    token_ids: list[int]
-    text: str | None
-    stats: dict[str, Any]
-    prompt_ids: list[int]
-
-
 def generate(
     target: LanguageModel,
     draft: LanguageModel | None,
@@ -176,18 +181,36 @@ def generate(
     cancel: threading.Event | None = None,
     **method_params,
 ) -> Result:
-    """Generate with `method`: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a
-    colon as on the command line ("sd:gamma=6"); keyword parameters override those. The default,
-    `DEFAULT_METHOD` ("sd:gamma=auto,drafter=hybrid"), is the command line's. `prompt` is text (chat template
-    applied when the tokenizer has one and `chat` is true) or a list of token ids. Same seed, same output.
+    """Generate with `method`, on real models or the exact test models.
 
-    `on_tokens` is called with each piece of output as it is committed; a true return ends the output there
-    (`stats["stopped"]` "stop": a stop string was met). `cancel`, set from another thread, ends it at the
-    next iteration ("cancelled").
+    Args:
+        target: the model whose law the output follows (or approximates, for the lossy methods).
+        draft: the draft model, or None (for `ar`, `beam` and the copying drafters `lookup`, `suffix`; `hybrid`
+            uses the draft where one is given).
+        prompt: text (the chat template is applied when the tokenizer has one and `chat` is true) or token
+            ids [prompt tokens].
+        method: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a colon as on
+            the command line ("sd:gamma=6"); keyword parameters override those. The default, `DEFAULT_METHOD`
+            ("sd:gamma=auto,drafter=hybrid"), is the command line's.
+        max_new_tokens: at most this many new tokens (an end-of-sequence token ends the output sooner).
+        temperature, top_k, top_p: the warp both models are sampled with (temperature 0: greedy).
+        seed: the seed of every draw (same seed, same output); None: a fresh one.
+        chat: apply the chat template to a text prompt.
+        on_tokens: called with each piece of output as it is committed; a true return ends the output there
+            (`stats["stopped"]` "stop": a stop string was met).
+        score: add the output's mean log-probability and perplexity under the unwarped target to the stats
+            (`mean_logprob`, `perplexity`): one more target forward over prompt and output, after the timed
+            decoding.
+        cancel: set from another thread, ends the output at the next iteration ("cancelled").
+        **method_params: the method's parameters (`multispec methods` lists them).
 
-    With `score`, the output's mean log-probability and perplexity under the unwarped target are added
-    to the stats (`mean_logprob`, `perplexity`): one more target forward over prompt and output, after
-    the timed decoding."""
+    Returns:
+        A `Result`: `token_ids` [new tokens], `text`, `stats` (`Stats`: counts and times) and `prompt_ids`.
+
+    Raises:
+        ValueError: a bad request (an unknown method or parameter, a value out of range, an empty prompt or
+            one longer than the context, a draft with another vocabulary), naming the problem.
+    """
     method, given = parse_method(method) if isinstance(method, str) else (method, {})
     method_params = {**given, **method_params}
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)
@@ -293,10 +316,8 @@ def _compiling(*models) -> tuple[float, int, int]:
     )
 
 
-def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> dict[str, Any]:
-    """`seconds` is the decoding time, prefill included, one-time costs (compiling a forward for a new
-    shape, measuring a cost curve for gamma=auto) not: those are `one_time_seconds`, and `wall_seconds`
-    holds both."""
+def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> Stats:
+    """The call's `Stats` (see there for what each figure means)."""
     new = len(s.new_tokens)
     c = s.counters
     target_calls = s.target.calls
@@ -305,45 +326,40 @@ def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, ca
     target_seconds = s.target.seconds - s.target.one_time
     draft_seconds = (s.draft.seconds - s.draft.one_time) if s.draft is not None else 0.0
     forward = target_seconds + draft_seconds
-    return {
-        "new_tokens": new,
-        "target_calls": target_calls,
-        "draft_calls": draft_calls,
-        "drafted": c["drafted"],
-        "draft_nodes": c["nodes"],  # tokens proposed (a tree's nodes; equals drafted for chains)
-        "accepted": c["accepted"],
-        "iterations": c["iterations"],
-        "rejections": c["rejections"],
-        "seconds": seconds,  # prefill included, one-time compiles not
-        "tokens_per_second": new / seconds if seconds > 0 else 0.0,
-        "wall_seconds": wall,
-        "one_time_seconds": one_time,
-        # where the decoding time went: target forwards, draft forwards, everything else (drafting logic,
-        # warping, sampling, verifying, committing)
-        "target_seconds": target_seconds,
-        "prefill_seconds": s.target.prefill,  # of target_seconds: the prompt's forward
-        "draft_seconds": draft_seconds,
-        "draft_prefill_seconds": s.draft.prefill if s.draft is not None else 0.0,
-        "other_seconds": max(0.0, seconds - forward),
-        "compiles": compiles,  # graphs compiled during this call (0 in steady state)
-        "graph_captures": captures,  # CUDA graphs captured during this call (0 in steady state)
-        "block_efficiency": new / target_calls if target_calls else 0.0,
-        "acceptance_rate": c["accepted"] / c["drafted"] if c["drafted"] else None,
-        "forward_seconds": forward,
-        # forwards by the tokens each fed (rows x tokens per row): what a device's cost curve prices
-        "target_forwards": {str(k): n for k, n in sorted(s.target.fed.items())},
-        "draft_forwards": {str(k): n for k, n in sorted(s.draft.fed.items())} if s.draft is not None else {},
-        "stopped": s.stopped,
-        # iterations that accepted n drafts, at index n; per draft position, the acceptance of iterations
-        # that reached it (every earlier draft accepted)
-        "accepted_length_histogram": list(s.accepted_lengths),
-        "accepted_per_position": list(s.position_accepts) + [0] * (len(s.position_tries) - len(s.position_accepts)),
-        "position_acceptance": [
+    stats = Stats(
+        new_tokens=new,
+        target_calls=target_calls,
+        draft_calls=draft_calls,
+        drafted=c["drafted"],
+        draft_nodes=c["nodes"],
+        accepted=c["accepted"],
+        iterations=c["iterations"],
+        rejections=c["rejections"],
+        seconds=seconds,
+        tokens_per_second=new / seconds if seconds > 0 else 0.0,
+        wall_seconds=wall,
+        one_time_seconds=one_time,
+        target_seconds=target_seconds,
+        prefill_seconds=s.target.prefill,
+        draft_seconds=draft_seconds,
+        draft_prefill_seconds=s.draft.prefill if s.draft is not None else 0.0,
+        other_seconds=max(0.0, seconds - forward),
+        compiles=compiles,
+        graph_captures=captures,
+        block_efficiency=new / target_calls if target_calls else 0.0,
+        acceptance_rate=c["accepted"] / c["drafted"] if c["drafted"] else None,
+        forward_seconds=forward,
+        target_forwards={str(k): n for k, n in sorted(s.target.fed.items())},
+        draft_forwards={str(k): n for k, n in sorted(s.draft.fed.items())} if s.draft is not None else {},
+        stopped=s.stopped,
+        accepted_length_histogram=list(s.accepted_lengths),
+        accepted_per_position=list(s.position_accepts) + [0] * (len(s.position_tries) - len(s.position_accepts)),
+        position_acceptance=[
             a / t for a, t in zip(s.position_accepts + [0] * len(s.position_tries), s.position_tries, strict=False)
         ],
-        # tree methods: per drafter ("model/without-replacement", "model/iid", "model/top-k", "copy"), by depth
-        # (rows) and sibling rank (columns): tries, accepts, and the acceptance of the rank-i child given that
-        # the earlier ones were rejected
-        **({"rank_acceptance": {k: v.as_dict() for k, v in s.ranks.items()}} if s.ranks else {}),
-        **s.info,
-    }
+    )
+    if s.ranks:
+        stats["rank_acceptance"] = {k: v.as_dict() for k, v in s.ranks.items()}
+    for key, value in s.info.items():  # the method's own figures
+        stats[key] = value
+    return stats

@@ -671,7 +671,7 @@ def cmd_generate(args) -> int:
                 {
                     "text": result.text,
                     "token_ids": result.token_ids,
-                    "stats": st,
+                    "stats": st.as_dict(),
                     "method": name,
                     "models": pair.description,
                 }

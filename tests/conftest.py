@@ -39,6 +39,13 @@ def tiny_llama(vocab: int = 64, seed: int = 0, layers: int = 2, hidden: int = 32
     return HFModel(model, None, name=f"tiny-llama-{vocab}-{seed}")
 
 
+def pytest_collection_modifyitems(items):
+    # what loads the default pair (a 135M model) is slow: `-m "not slow"` leaves it out
+    for item in items:
+        if {"default_pair", "default_pair_f32"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def default_pair():
     from multispec import load_pair

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args, timeout=600):
     return subprocess.run(
@@ -12,6 +14,7 @@ def run(*args, timeout=600):
     )
 
 
+@pytest.mark.slow
 def test_generate_json_on_the_default_pair():
     proc = run("generate", "Name a colour.", "--temperature", "0", "--max-new-tokens", "12", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -22,6 +25,7 @@ def test_generate_json_on_the_default_pair():
         assert key in out["stats"]
 
 
+@pytest.mark.slow
 def test_generate_streams_text_and_prints_a_summary():
     proc = run("generate", "Name a colour.", "--method", "ar", "--temperature", "0", "--max-new-tokens", "8")
     assert proc.returncode == 0, proc.stderr

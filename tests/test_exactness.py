@@ -24,6 +24,7 @@ RUNS = 6000
         ("sd-opt", {"eps": 0.0, "gamma": 2}, {}),  # beam sampling of width 1 is multinomial sampling
     ],
 )
+@pytest.mark.slow
 def test_exact_methods_pass(method, params, sampling):
     report = check_method(method, runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
     assert report.passed, report.pairs

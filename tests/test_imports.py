@@ -21,6 +21,7 @@ TOOLS = (
 # the library core: what `generate()` and `load_pair()` need
 CORE = (
     "multispec.api",
+    "multispec.result",
     "multispec.engine",
     "multispec.decoding",
     "multispec.drafting",

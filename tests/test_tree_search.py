@@ -413,12 +413,14 @@ def irregular_file(tmp_path):
         {"tree": "auto", "acceptance": "0.9/0.6;0.8/0.5", "overhead": "0/0/1/0/0"},
     ],
 )
+@pytest.mark.slow
 def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
     params = {"tree": irregular_file, **params}
     report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
     assert report.passed, report.pairs
 
 
+@pytest.mark.slow
 def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monkeypatch):
     from multispec.drafting.model import DraftChain
     from multispec.drafting.shape import AutoTree
@@ -449,6 +451,7 @@ def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monk
     assert not check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto").passed
 
 
+@pytest.mark.slow
 def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irregular_file, monkeypatch):
     monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: recursive_rejection)
     report = check_method(

@@ -85,6 +85,17 @@ class Drafter:
     name = "drafter"
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
+        """Draft on the committed tokens.
+
+        Args:
+            context: the committed tokens, prompt first.
+            shape: what to propose at most: a k-config (a chain of g: (1,) * g) or a `TokenTree`, cut to the
+                room left.
+
+        Returns:
+            A `Proposal`: a tree of N <= the shape's nodes, its tokens [N], and the draft rows [1 + N, V] each
+            node's children were drawn from (warped as the target is; an empty tree: a plain target step).
+        """
         raise NotImplementedError
 
     def accept(self, verdict: Verdict) -> None:

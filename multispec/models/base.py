@@ -54,17 +54,24 @@ class LanguageModel(ABC):
         fused_prefix: int = 0,
         batch_invariant: bool = True,
     ) -> torch.Tensor:
-        """Score `tokens` [B, n] after the cached ones; the cache grows by n.
+        """Score `tokens` after the cached ones; the cache grows by n.
 
-        positions: [B, n] position ids (default: cache length + 0..n-1).
-        mask: bool [B, n, cache length + n], True where a new token may attend (default: causal).
-        logits_to_keep: return logits for only the last k new tokens (0: all).
-        fused_prefix: into an empty cache, the first k tokens are a prompt's, which attend causally among
-        themselves and whose logits are not kept: a backend may attend them with a faster kernel whose last bits
-        differ from its steps' (the engine feeds every method's prompt alike, so all meet the same cache).
-        batch_invariant: False where a token's logits may depend on the other tokens scored with it (a draft's:
-        only the target's logits decide the output), so a backend may skip what it pays for invariance.
-        Returns float logits [B, k or n, vocab_size] (float32 at least).
+        Args:
+            cache: this model's cache (`new_cache`), B rows of the same length.
+            tokens: [B, n] the new tokens.
+            positions: [B, n] position ids (default: cache length + 0..n-1).
+            mask: bool [B, n, cache length + n], True where a new token may attend (default: causal).
+            logits_to_keep: return logits for only the last k new tokens (0: all).
+            fused_prefix: into an empty cache, the first k tokens are a prompt's, which attend causally among
+                themselves and whose logits are not kept: a backend may attend them with a faster kernel whose
+                last bits differ from its steps' (the engine feeds every method's prompt alike, so all meet the
+                same cache).
+            batch_invariant: False where a token's logits may depend on the other tokens scored with it (a
+                draft's: only the target's logits decide the output), so a backend may skip what it pays for
+                invariance.
+
+        Returns:
+            Float logits [B, k or n, vocab_size] (float32 at least).
         """
 
     @abstractmethod

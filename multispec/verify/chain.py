@@ -65,15 +65,21 @@ def speculative_verify(
     generator: torch.Generator | None = None,
     bonus: bool = True,
 ) -> Verdict:
-    """Verify a chain of drafts.
+    """Verify a chain of drafts: accept draft i with min(1, target / draft), draw from the residual
+    norm(max(0, target - draft)) at the first rejection, or the bonus token from the last row.
 
-    target_probs: [g + 1, V] (or [g, V] without bonus), the target's warped distributions at each draft
-                  position and after the last: a tensor, or `LazyRows` (rows after the first rejection are
-                  never read).
-    draft_probs:  [g, V], the draft's warped distributions the drafts were sampled from (a tensor or `LazyRows`).
-    draft_tokens: [g], the drafted token ids.
-    Returns a `Verdict` accepting nodes 0..n-1 (the first n drafts); its next token is None only when all
-    drafts pass and `bonus` is off.
+    Args:
+        target_probs: [g + 1, V] (or [g, V] without bonus), the target's warped distributions at each draft
+            position and after the last: a tensor, or `LazyRows` (rows after the first rejection are never read).
+        draft_probs: [g, V], the draft's warped distributions the drafts were sampled from (a tensor or
+            `LazyRows`).
+        draft_tokens: [g], the drafted token ids.
+        generator: the random generator of the draws.
+        bonus: draw a target token after a fully accepted chain.
+
+    Returns:
+        A `Verdict` accepting nodes 0..n-1 (the first n drafts); its next token is None only when all drafts pass
+        and `bonus` is off.
     """
     n = _accepted_prefix(target_probs, draft_probs, draft_tokens, generator)
     if n < draft_tokens.shape[0]:

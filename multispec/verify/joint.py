@@ -30,13 +30,22 @@ def joint_verify(
     strict: bool = True,
     next_probs: torch.Tensor | None = None,
 ) -> Verdict:
-    """target_probs: [g + 1, V], the target's rows at each draft position and after the last (warped, or
-                   raw, as the caller chose; the same kind as `draft_logq`);
-    draft_logq:    [g], log draft(x_1..x_j): the cumulative joint log-probability of the drafted path;
-    draft_tokens:  [g].
-    next_probs:    [g + 1, V] rows to draw the next token from (default target_probs): the warped target
-                   when the ratio uses raw distributions.
-    The next token is drawn from row n, n being the accepted length.
+    """The joint-likelihood prefix test (MTAD / MJSD): accept the longest prefix x_1..x_n whose ratio
+    min(1, target(x_1..x_n) / draft(x_1..x_n)) passes `tau`.
+
+    Args:
+        target_probs: [g + 1, V], the target's rows at each draft position and after the last (warped, or raw,
+            as the caller chose; the same kind as `draft_logq`).
+        draft_logq: [g], log draft(x_1..x_j): the cumulative joint log-probability of the drafted path.
+        draft_tokens: [g], the drafted token ids.
+        tau: the threshold in [0, 1].
+        generator: the random generator of the next token's draw.
+        strict: `> tau` (the paper) or `>= tau` (the authors' code).
+        next_probs: [g + 1, V] rows to draw the next token from (default target_probs): the warped target when
+            the ratio uses raw distributions.
+
+    Returns:
+        A `Verdict` accepting the first n drafts, with the next token drawn from row n.
     """
     g = draft_tokens.shape[0]
     n = 0

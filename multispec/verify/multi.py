@@ -92,19 +92,26 @@ def tree_verify(
 ) -> Verdict:
     """Walk down `tree` (MCSD §3.8): at each accepted node try its children with `rule`.
 
-    tokens:       [N] the nodes' token ids.
-    target_probs: [1 + N, V] warped target rows (row 0 the root); without `bonus` the leaves' rows may be
-                  missing.
-    draft_probs:  [R, V] warped draft rows each node's children were drawn from (row 0 the root, row 1 + g
-                  node g; only nodes with children are read).
-    live:         [N] bool, False for padding candidates that must never be accepted (a draw without
-                  replacement from a support smaller than the branching factor); None: all live.
-    fixed:        [N] bool, True for children proposed deterministically (a copying drafter: one-hot draft).
-                  A node's fixed children are tested first, each passing with the current residual's
-                  probability of its token, which then leaves the residual; the rest go to `rule` with the
-                  parent's draft row. None: no fixed nodes.
-    If every depth passes, the next token comes from the target's own row at the accepted leaf (the bonus);
-    after a rejection it is the node rule's token.
+    Args:
+        tree: the proposal's tree, N nodes laid out breadth first.
+        tokens: [N] the nodes' token ids.
+        target_probs: [1 + N, V] warped target rows (row 0 the root); without `bonus` the leaves' rows may be
+            missing.
+        draft_probs: [R, V] warped draft rows each node's children were drawn from (row 0 the root, row 1 + g
+            node g; only nodes with children are read).
+        generator: the random generator of the draws.
+        rule: the node rule (`recursive_rejection`, `without_replacement_rejection`, `naive_rejection`).
+        bonus: draw a target token after a fully accepted path.
+        live: [N] bool, False for padding candidates that must never be accepted (a draw without replacement
+            from a support smaller than the branching factor); None: all live.
+        fixed: [N] bool, True for children proposed deterministically (a copying drafter: one-hot draft). A
+            node's fixed children are tested first, each passing with the current residual's probability of its
+            token, which then leaves the residual; the rest go to `rule` with the parent's draft row. None: no
+            fixed nodes.
+
+    Returns:
+        A `Verdict`: the accepted path (node indices, root first) and its tokens, and the next token: from the
+        target's own row at the accepted leaf if every depth passed (the bonus), else the node rule's token.
     """
     node, accepted = -1, []
     current = target_probs[0]

@@ -340,6 +340,7 @@ def test_target_calls_are_the_forwards_the_target_ran(tmp_path, tiny_pair):
     assert any(r["target_calls"] < 6 for r in rows if r["method"] == "sd:gamma=3")  # drafts were accepted
 
 
+@pytest.mark.slow
 def test_hf_static_compiles_in_the_warmup_not_in_timed_rows(tmp_path, tiny_pair, monkeypatch):
     # transformers sizes its static cache per call unless given max_cache_len, and a compiled prefill
     # specialises on the first prompt's length: either recompiles the forward inside a timed row
@@ -662,6 +663,7 @@ DETERMINED = (
 )
 
 
+@pytest.mark.slow
 def test_two_process_sweep_merges_to_the_rows_of_one_process_and_resumes(tmp_path, tiny_pair):
     """`bench --processes 2` (accelerate launch, two CPU processes) against one process, on saved tiny models;
     then a sweep whose second process died after one row is resumed: no finished row is run again."""

@@ -80,11 +80,13 @@ def test_the_forest_keeps_each_layers_whole_beam_distribution():
 # -- the law -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_draft_beam_is_speculative_sampling_exactly():
     report = check_method("dsbd", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=6, draft_width=1, gamma=2)
     assert report.passed, report.pairs
 
 
+@pytest.mark.slow
 def test_the_reversed_ratio_of_the_papers_algorithm_fails_the_same_check(monkeypatch):
     monkeypatch.setattr(multispec.verify.beam, "beam_layer_verify", reversed_ratio_layer_verify)
     report = check_method("dsbd", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=6, draft_width=1, gamma=2)
@@ -116,6 +118,7 @@ def _beam_pair():
     return MarkovLM(p, name="t"), MarkovLM(q, name="d")
 
 
+@pytest.mark.slow
 def test_fixed_width_dsbd_answers_like_beam_sampling_and_a_wrong_ratio_does_not(monkeypatch):
     # at W_L = W_S a layer passes only when every draft does, so no parent is ever dead there: the
     # dropping trap is tested on the layer rule itself (test_verify_beam)
@@ -128,6 +131,7 @@ def test_fixed_width_dsbd_answers_like_beam_sampling_and_a_wrong_ratio_does_not(
     assert _two_sample_p(beam, wrong) < 1e-4
 
 
+@pytest.mark.slow
 def test_two_widths_keep_the_law_of_beam_sampling_of_the_beam_width():
     # W_S = 3 drafts per layer, W_L = 2 beams: a layer passes at its second acceptance, children of the
     # unkept draft are dead parents at the next layer (rejected, residual updated), a failed layer is filled

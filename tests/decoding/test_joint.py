@@ -319,11 +319,13 @@ def test_a_draft_identical_to_the_target_passes_every_block(method):
     assert r.stats["accepted"] == 4 * r.stats["iterations"] and r.stats["target_calls"] == 6  # 6 x (4 + 1)
 
 
+@pytest.mark.slow
 def test_mtad_with_tau_one_is_target_sampling():
     report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=1.0, width=3, gamma=2)
     assert report.passed, report.pairs
 
 
+@pytest.mark.slow
 def test_mtad_with_a_small_tau_is_not_target_sampling():
     report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=0.05, width=3, gamma=2)
     assert not report.passed  # lossy by design: the checker must say so

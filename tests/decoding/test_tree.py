@@ -268,6 +268,7 @@ def test_greedy_model_drafters_make_their_draft_rows_when_first_read():
         ("specinfer", {"k_config": "1x3x1", "replacement": False}, {}),
     ],
 )
+@pytest.mark.slow
 def test_tree_methods_pass_the_checker(method, params, sampling):
     report = check_method(method, runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
     assert report.passed, report.pairs
@@ -290,6 +291,7 @@ def test_tree_methods_pass_on_full_history_models(params):
         ),
     ],
 )
+@pytest.mark.slow
 def test_plausible_mistakes_fail_the_checker(params, wrong, monkeypatch):
     import multispec.decoding.tree
 

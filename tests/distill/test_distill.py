@@ -163,6 +163,7 @@ def test_sliced_draft_cut_to_fewer_directions_and_layers(tokenizer):
         build_draft(target.model, draft_config(target.model.config, hidden=24, layers=1), init="zeros")
 
 
+@pytest.mark.slow
 def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_path):
     target = _tiny_target(tokenizer)
     # random layers (init="embeddings"), so that there is something to learn: a sliced draft of this tiny

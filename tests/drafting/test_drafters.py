@@ -149,6 +149,7 @@ def test_verifying_a_second_fixed_child_against_the_first_childs_row_is_biased()
         ("specinfer", {"k_config": "1x2", "drafter": "suffix"}, {"top_k": 2}),
     ],
 )
+@pytest.mark.slow
 def test_copying_drafters_pass_the_checker(method, params, sampling):
     report = check_method(method, runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, **sampling, **params)
     assert report.passed, report.pairs
@@ -172,6 +173,7 @@ def test_copies_verified_against_a_flat_row_fail_the_checker(monkeypatch):
     assert not report.passed
 
 
+@pytest.mark.slow
 def test_suffix_trees_without_the_fixed_mask_fail_the_checker(monkeypatch):
     import multispec.drafting.copying as drafters
 
@@ -210,6 +212,7 @@ def markov_costs():
             _COSTS[k] = v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["hybrid", "lookup"])
 def test_gamma_auto_passes_the_checker(markov_costs, drafter):
     report = check_method("sd", runs=RUNS, pairs=2, vocab=3, n_tokens=4, seed=3, gamma="auto", drafter=drafter)

@@ -16,6 +16,7 @@ def _own_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
 
 
+@pytest.mark.slow
 def test_compiles_during_a_call_count_as_one_time_not_as_decoding(tmp_path, monkeypatch):
     # gamma=auto reads stored cost curves (no calibration), so the compiled steps' graphs are made inside the
     # call: their seconds (the process's first torch.compile included) are one-time costs, outside the target's

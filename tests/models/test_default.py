@@ -131,6 +131,7 @@ def test_draft_with_an_embedding_table_padded_past_the_tokenizer(default_pair):
     assert sd.token_ids == ar.token_ids
 
 
+@pytest.mark.slow
 def test_the_target_writes_its_own_prompts(default_pair):
     from multispec.distill.teacher import self_written_prompts, user_turn_prefix
 
@@ -168,6 +169,7 @@ def test_self_prompts_need_a_chat_template(default_pair):
         user_turn_prefix(NoTemplate())
 
 
+@pytest.mark.slow
 def test_distill_holds_out_self_written_prompts(default_pair, tmp_path):
     # a run on self-written prompts writes as many more as it holds out, and logs a second held-out curve
     # on them (the pool's held-out set does not track the chat distribution such a run aims at)

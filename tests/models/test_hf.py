@@ -105,6 +105,7 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
     assert r.stats["rejections"] == 0 and r.stats["target_calls"] == 8
 
 
+@pytest.mark.slow
 def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypatch):
     # the compiled step (static cache, 3 new tokens padded to a bucket of 4) gives the eager logits; a
     # longer cache (the key length is a dynamic dimension) compiles nothing new
@@ -129,6 +130,7 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     assert compiled.compiles == 1
 
 
+@pytest.mark.slow
 def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch):
     # a write into a view of a cache buffer (the values without their column of ones) is exported as a scatter
     # into a copy of the whole buffer: a step whose cost grows with the cache's capacity. The step writes whole
@@ -156,6 +158,7 @@ def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch
         assert torch.allclose(held[:, :, : cc.length], want[:, :, : ce.length], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, monkeypatch):
     # with the bucket of 4 routed to the 8 (as a measured cost curve does where the 8's kernel ran faster),
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits
@@ -173,6 +176,7 @@ def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, mo
     assert compiled.compiles == 1
 
 
+@pytest.mark.slow
 def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatch):
     # the cache's capacity doubles (512 -> 1024 slots) during compiled steps, so the key blocks the values product
     # reads (768 slots) stop filling the buffer: one graph throughout
@@ -188,6 +192,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
     assert model.compiles == 1
 
 
+@pytest.mark.slow
 def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
     # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
     # the fastest kept (stored for the machine, with every timing)
@@ -245,6 +250,7 @@ def _products(package: Path) -> int:
     return len(re.findall(r"aoti_torch_cpu__linear_pointwise\w*\(", source))
 
 
+@pytest.mark.slow
 def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path, monkeypatch):
     # a layer's query, key and value maps become one product, its gate and up maps another: 7 products a layer
     # and the head -> 4 a layer and the head; the logits stay the eager step's
@@ -266,6 +272,7 @@ def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path,
         hf.kernel_options("concat")
 
 
+@pytest.mark.slow
 def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):
     # two models of one architecture, compiled in one process and stepped in turn: each step runs the graph
     # holding its own frozen weights (the compiled steps drop dynamo's guards on the modules, so nothing but
@@ -369,6 +376,7 @@ def _invariant_llama(kind: str):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [hf.INVARIANT_DPBF16, hf.INVARIANT])
 def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_steps(tmp_path, monkeypatch, kind):
     # compile="invariant": a 28-node tree scored in one compiled step (the bucket of 32) gives every node the

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from multispec.models import hf, packaged
+from multispec.models import packaged, static
 from tests.conftest import tiny_llama
 from tests.models.helpers import PROMPT
 
@@ -19,6 +19,7 @@ def _own_store(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
 
 
+@pytest.mark.slow
 def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_is_made_again(
     tmp_path, capsys, monkeypatch
 ):
@@ -77,9 +78,9 @@ def put_package(folder: str, key: str) -> Path:
 def test_steps_of_another_compiled_graph_are_listed_stale_and_cleared(capsys):
     from multispec.cli import main
 
-    now = put_package("now", f"tiny|torch.float32|cpu|compiled|threads=2|step={hf.STEP_VERSION}|weights=0")
+    now = put_package("now", f"tiny|torch.float32|cpu|compiled|threads=2|step={static.STEP_VERSION}|weights=0")
     old = put_package("old", "tiny|torch.float32|cpu|compiled|threads=2|weights=0")
-    older = put_package("older", f"tiny|torch.float32|cpu|compiled+invariant|step={hf.STEP_VERSION - 1}|weights=0")
+    older = put_package("older", f"tiny|torch.float32|cpu|compiled+invariant|step={static.STEP_VERSION - 1}|weights=0")
     assert [p["stale"] for p in sorted(packaged.packages(), key=lambda p: str(p["path"]))] == [False, True, True]
     assert main(["compiled"]) == 0
     listed = capsys.readouterr().out

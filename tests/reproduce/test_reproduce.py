@@ -95,6 +95,7 @@ def _tiny_tokenizer(vocab: int = 300):
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+@pytest.mark.slow
 def test_quick_report_on_tiny_models_has_every_claim_with_interval_and_verdict(tmp_path, capsys):
     tokenizer = _tiny_tokenizer()
     for name, seed in (("target", 0), ("draft", 1)):

@@ -179,6 +179,7 @@ def test_batch_rejections_never_increase_with_m_and_converge():
     assert calc.batch_rejections(draft[:1], target[:1], np.inf).total == pytest.approx(0)  # T = 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", [2, 4])
 def test_batch_sd_simulation_matches_theorem_3(m):
     draft, target = random_pair(10, horizon=8, vocab=5)
@@ -259,6 +260,7 @@ def test_sd_opt_with_zero_eps_is_sd_draw_for_draw():
         assert a == b
 
 
+@pytest.mark.slow
 def test_finite_lookahead_and_bonus():
     """Test 8: finite K without bonus keeps E[N_rej]; the bonus lowers it; calls = 1 + N_rej - R_T."""
     draft, target = random_pair(14, horizon=8, vocab=4)

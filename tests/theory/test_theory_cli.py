@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from multispec.cli import main
 
 
+@pytest.mark.slow
 def test_theory_cli_writes_three_figures_and_json(tmp_path, capsys):
     out = tmp_path / "th"
     assert (
