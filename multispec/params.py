@@ -33,6 +33,12 @@ def parse_method(text: str) -> tuple[str, dict[str, str]]:
     return name.strip(), parse_params(items, f"method parameters in {text!r}")
 
 
+def short_repr(value) -> str:
+    """A value in an error message: its repr, cut (a request's value may be long)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def read_json(path: str | Path, what: str):
     """The contents of a JSON file the user named, or a ValueError that names `what` and the problem."""
     try:

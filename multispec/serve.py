@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api import ModelPair, generate, validate_request
-from .params import DEFAULT_METHOD, parse_method
+from .params import DEFAULT_METHOD, parse_method, short_repr
 from .streaming import TextStream
 
 log = logging.getLogger("multispec.serve")
@@ -383,7 +383,7 @@ class Server:
         if model != self.model_name:
             raise RequestError(
                 404,
-                f"the model {_short(model)} does not exist here; this server serves "
+                f"the model {short_repr(model)} does not exist here; this server serves "
                 f"{self.model_name!r} (GET /v1/models)",
                 param="model",
                 code="model_not_found",
@@ -395,7 +395,7 @@ class Server:
                 )
         n = body.get("n", 1)
         if n != 1:
-            raise RequestError(400, f"'n' must be 1 (one choice per request), got {_short(n)}", param="n")
+            raise RequestError(400, f"'n' must be 1 (one choice per request), got {short_repr(n)}", param="n")
         stream = _boolean(body, "stream", False)
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
@@ -410,12 +410,14 @@ class Server:
         if top_k == -1:  # vLLM's "off"
             top_k = 0
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            raise RequestError(400, f"'top_k' must be an integer >= 0 (or -1: off), got {_short(top_k)}", param="top_k")
+            raise RequestError(
+                400, f"'top_k' must be an integer >= 0 (or -1: off), got {short_repr(top_k)}", param="top_k"
+            )
         if top_k >= self.pair.target.vocab_size:  # keeps every token: off
             top_k = 0
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise RequestError(400, f"'seed' must be an integer in [0, 2**63), got {_short(seed)}", param="seed")
+            raise RequestError(400, f"'seed' must be an integer in [0, 2**63), got {short_repr(seed)}", param="seed")
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
@@ -428,7 +430,7 @@ class Server:
             raise RequestError(
                 400,
                 f"'stop' must be a string or a list of at most {limits.stop_strings} of them, "
-                f"each of 1 to {limits.stop_length} characters; got {_short(stop)}",
+                f"each of 1 to {limits.stop_length} characters; got {short_repr(stop)}",
                 param="stop",
             )
         method, params = self._method(body)
@@ -461,7 +463,7 @@ class Server:
         if max_tokens is None:
             max_tokens = self.max_tokens if left is None else min(self.max_tokens, left)
         elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(400, f"'{key}' must be an integer >= 1, got {_short(max_tokens)}", param=key)
+            raise RequestError(400, f"'{key}' must be an integer >= 1, got {short_repr(max_tokens)}", param=key)
         elif max_tokens > limits.max_tokens:
             raise RequestError(
                 400, f"'{key}' is {max_tokens}, above this server's limit of {limits.max_tokens}", param=key
@@ -495,7 +497,7 @@ class Server:
         elif not isinstance(spec, str) or not spec.strip():
             raise RequestError(
                 400,
-                f"'method' must be a method name, parameters after a colon (sd:gamma=4); got {_short(spec)}",
+                f"'method' must be a method name, parameters after a colon (sd:gamma=4); got {short_repr(spec)}",
                 param="method",
             )
         else:
@@ -767,12 +769,6 @@ class Server:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _short(value) -> str:
-    """A request's value in an error message: its repr, cut."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _sse(obj: dict) -> str:
     return "data: " + json.dumps(obj) + "\n\n"
 
@@ -791,7 +787,7 @@ def _boolean(body: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise RequestError(400, f"'{key}' must be true or false, got {_short(value)}", param=key)
+        raise RequestError(400, f"'{key}' must be true or false, got {short_repr(value)}", param=key)
     return value
 
 
@@ -800,7 +796,7 @@ def _number(body: dict, key: str, default: float, low: float, high: float) -> fl
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise RequestError(400, f"'{key}' must be a number in [{low:g}, {high:g}], got {_short(value)}", param=key)
+        raise RequestError(400, f"'{key}' must be a number in [{low:g}, {high:g}], got {short_repr(value)}", param=key)
     return float(value)
 
 

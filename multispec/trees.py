@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .params import read_json
+from .params import read_json, short_repr
 
 # The most nodes a proposal may hold: a target forward over more tokens than this costs many plain steps
 # on any hardware this project targets, and the 4-D mask grows with its square.
@@ -288,17 +288,14 @@ def parse_k_config(text: str | list | tuple) -> tuple[int, ...]:
         ks = tuple(int(k) for k in items)
     except (TypeError, ValueError):
         raise ValueError(
-            f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {_short(text)}"
+            f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {short_repr(text)}"
         ) from None
     if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {_short(text)}")
+        raise ValueError(
+            f"k_config must look like 4x2x2 (branching factors >= 1 joined by 'x'), got {short_repr(text)}"
+        )
     TokenTree.from_branching(ks)  # the node limit
     return ks
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def load_tree(path: str | Path) -> TokenTree:

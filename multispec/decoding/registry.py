@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..params import short_repr
 from ..trees import parse_k_config
 
 # The library's bounds on a method's sizes, so that one call cannot exhaust memory or time before it starts
@@ -86,7 +87,7 @@ class Method:
                 continue
             value = coerce(key, value, spec.type)
             if not spec.check(value):
-                raise ValueError(f"{key} must be {spec.rule}, got {_short(value)}")
+                raise ValueError(f"{key} must be {spec.rule}, got {short_repr(value)}")
             out[key] = value
         for key, spec in self.params.items():
             out.setdefault(key, spec.default)
@@ -101,12 +102,6 @@ class Method:
         return out
 
 
-def _short(value: Any) -> str:
-    """A value in an error message: its repr, cut (a request's value may be long)."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def coerce(key: str, value: Any, kind: type) -> Any:
     """Parameters may arrive as strings from the CLI ("gamma=4"): convert, or name what is wrong."""
     if kind is bool:
@@ -117,30 +112,30 @@ def coerce(key: str, value: Any, kind: type) -> Any:
         raise ValueError(f"{key} must be true or false, got {value!r}")
     if kind is int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError(f"{key} must be an integer, got {_short(value)}")
+            raise ValueError(f"{key} must be an integer, got {short_repr(value)}")
         if isinstance(value, str) and len(value) > 32:  # int() of a long digit string costs quadratic time
-            raise ValueError(f"{key} must be an integer, got {_short(value)}")
+            raise ValueError(f"{key} must be an integer, got {short_repr(value)}")
         try:
             return int(value)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{key} must be an integer, got {_short(value)}") from None
+            raise ValueError(f"{key} must be an integer, got {short_repr(value)}") from None
     if kind is IntOrAuto:
         if isinstance(value, str) and value.strip().lower() == "auto":
             return "auto"
         try:
             return coerce(key, value, int)
         except ValueError:
-            raise ValueError(f"{key} must be an integer or 'auto', got {_short(value)}") from None
+            raise ValueError(f"{key} must be an integer or 'auto', got {short_repr(value)}") from None
     if kind is float:
         try:
             number = float(value)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{key} must be a number, got {_short(value)}") from None
+            raise ValueError(f"{key} must be a number, got {short_repr(value)}") from None
         if not math.isfinite(number):
-            raise ValueError(f"{key} must be a finite number, got {_short(value)}")
+            raise ValueError(f"{key} must be a finite number, got {short_repr(value)}")
         return number
     if kind is str and not isinstance(value, str):
-        raise ValueError(f"{key} must be text, got {_short(value)}")
+        raise ValueError(f"{key} must be text, got {short_repr(value)}")
     return value
 
 
