@@ -6,6 +6,9 @@ import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (the README's command runs two)
     torch.set_num_threads(1)
+    # and for the processes a test starts (a CLI run, a server): two of them at 2 threads each on 2 cores ran a
+    # first `generate` in over 400 s instead of 86 s, their OpenMP threads spinning against each other
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 # cost curves measured by tests (two workers share the cores) go to a file of this run, not the user's cache,
 # where gamma=auto, tree=auto and tune would read them later; subprocesses inherit it
