@@ -2,7 +2,12 @@
 `openai` clients x R requests each; latency, time to first text and tokens/s per request, as percentiles.
 
     python benchmarks/serve_load.py --out benchmarks/results/serve-load-DATE --clients 8 --requests 10 \
-        --max-tokens 64 --method sd:gamma=3 --method ar
+        --max-tokens 64 --method sd:gamma=3 --method ar --baseline
+
+`--server-arg` passes an option to `multispec serve` (`--server-arg=--batch-rows=1`: one request at a time).
+`--baseline`: after the server has stopped (never two torch jobs at once), transformers' own `generate` as it
+ships, over the clients' first prompts in one padded batch (greedy, the same chat template, `max_tokens` new
+tokens each, the default target in the server's dtype): the aggregate tokens/s to compare the server's with.
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--method", action="append", default=None)
+    ap.add_argument("--server-arg", action="append", default=[], help="an option for `multispec serve`")
+    ap.add_argument("--baseline", action="store_true", help="also time transformers' batched generate")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +126,7 @@ def main() -> int:
             "warning",
             "--max-queue",
             str(args.clients),
+            *args.server_arg,
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -141,6 +149,7 @@ def main() -> int:
             "clients": args.clients,
             "requests": args.requests,
             "max_tokens": args.max_tokens,
+            "server_args": args.server_arg,
             "methods": {},
         }
         for method in args.method or ["sd:gamma=3"]:
@@ -174,7 +183,46 @@ def main() -> int:
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
+    if args.baseline:
+        report["transformers_batched_generate"] = baseline(args.clients, args.max_tokens)
+        (out / "load.json").write_text(json.dumps(report, indent=1))
     return 0
+
+
+def baseline(clients: int, max_tokens: int) -> dict:
+    """transformers' `generate` as it ships on the default target: the clients' first prompts in one left-padded
+    batch, greedy, `max_tokens` new tokens each (no early stop), timed after one warm-up call."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from multispec.models.default import converted_checkpoint
+    from multispec.models.hf import default_dtype
+
+    path = converted_checkpoint()
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=default_dtype()).eval()
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in (PROMPTS * clients)[:clients]
+    ]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(
+        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )
+    with torch.inference_mode():
+        model.generate(**batch, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+        t0 = time.perf_counter()
+        model.generate(**batch, **kwargs)
+        seconds = time.perf_counter() - t0
+    result = {
+        "rows": clients,
+        "new_tokens": clients * max_tokens,
+        "seconds": seconds,
+        "tokens_per_second": clients * max_tokens / seconds,
+        "dtype": str(model.dtype).removeprefix("torch."),
+    }
+    print(f"transformers generate, {clients} prompts in one batch: {result['tokens_per_second']:.1f} tokens/s")
+    return result
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def main() -> None:
         model.crop(cache, args.context)
 
     inner = {"seconds": []}
-    run = model._run_compiled
+    run = model.steps.run
 
     def timed(*a, **k):
         t0 = time.perf_counter()
@@ -44,14 +44,14 @@ def main() -> None:
         inner["seconds"].append(time.perf_counter() - t0)
         return out
 
-    model._run_compiled = timed
+    model.steps.run = timed
     whole = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         model.forward(cache, tokens)
         whole.append(time.perf_counter() - t0)
         model.crop(cache, args.context)
-    model._run_compiled = run
+    model.steps.run = run
 
     from torch.profiler import ProfilerActivity, profile
 

@@ -140,7 +140,11 @@ def load_pair(
 def describe_model(model: LanguageModel) -> str:
     how = [str(getattr(model, "dtype", "")).replace("torch.", "")]
     if getattr(model, "compile", False):
-        how.append("compiled, batch-invariant" if getattr(model, "kernel", None) == "invariant" else "compiled")
+        how.append(
+            "compiled, batch-invariant"
+            if getattr(getattr(model, "steps", None), "kernel", None) == "invariant"
+            else "compiled"
+        )
     return DEFAULT_NAMES.get(model.name, model.name) + " - " + ", ".join(h for h in how if h)
 
 

@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server (chat, completions, streaming, /metrics) "
-        "over one model pair; requests are served one at a time",
+        "over one model pair; concurrent requests decode together (--batch-rows)",
         formatter_class=DEFAULTS,
     )
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -295,7 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--model-name", default="multispec", help="the model id clients send and /v1/models lists")
     sv.add_argument(
-        "--max-queue", type=int, default=16, help="requests that may wait behind the one running; more get 429"
+        "--max-queue", type=int, default=16, help="requests that may wait behind the ones running; more get 429"
+    )
+    sv.add_argument(
+        "--batch-rows",
+        type=int,
+        default=8,
+        help="requests decoded together, one cache row each (continuous batching; 1: one request at a time)",
     )
     sv.add_argument("--max-tokens", type=int, default=128, help="new tokens of a request that gives no max_tokens")
     sv.add_argument(
@@ -728,10 +734,12 @@ def cmd_serve(args) -> int:
         max_queue=args.max_queue,
         max_tokens=args.max_tokens,
         limits=limits,
+        batch_rows=args.batch_rows,
     )  # every option checked before the port is taken
     print(
         f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
-        f"http://{args.host}:{args.port}/v1 (default method {args.method}; one request at a time)",
+        f"http://{args.host}:{args.port}/v1 (default method {args.method}; "
+        + (f"up to {server.rows} requests decoding together)" if server.rows > 1 else "one request at a time)"),
         file=sys.stderr,
     )
     serve(server, host=args.host, port=args.port, log_level=args.log_level)

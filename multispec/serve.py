@@ -26,6 +26,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .api import ModelPair, generate, validate_request
@@ -35,6 +36,8 @@ from .streaming import TextStream
 log = logging.getLogger("multispec.serve")
 
 DEFAULT_MAX_TOKENS = 128  # as `multispec generate`
+MAX_BATCH_ROWS = 64  # requests decoded together at most (`--batch-rows`)
+MAX_BATCH_CAPACITY = 2048  # entries a batched request's cache row holds; a longer request runs alone
 # fields of OpenAI's requests this server does not implement: refused when set to anything but their no-op
 UNSUPPORTED = {
     "logprobs": (None, False),
@@ -208,6 +211,7 @@ class Server:
         max_queue: int = 16,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         limits: Limits | None = None,
+        batch_rows: int = 8,
     ):
         self.limits = limits = limits or Limits()
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
@@ -222,8 +226,20 @@ class Server:
         self.default_method, self.default_params = parse_method(method)
         self._check_method(self.default_method, self.default_params, files=True)
         self.max_queue, self.max_tokens = max_queue, max_tokens
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="multispec-generate")
+        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or not 1 <= batch_rows <= MAX_BATCH_ROWS:
+            raise ValueError(f"batch_rows must be an integer in [1, {MAX_BATCH_ROWS}], got {batch_rows!r}")
         self.tokenizer_lock = threading.Lock()  # a fast tokenizer is not to be used by two threads at once
+        # up to `batch_rows` requests decode together (`multispec.batching`), where both models have a static cache
+        self.batcher = None
+        if batch_rows > 1 and all(getattr(m, "static", False) for m in (pair.target, pair.draft) if m is not None):
+            from .batching import Batcher
+
+            capacity = min(MAX_BATCH_CAPACITY, limits.prompt_tokens + limits.max_tokens + limits.tree_nodes)
+            self.batcher = Batcher(
+                pair.target, pair.draft, rows=batch_rows, capacity=capacity, tokenizer_lock=self.tokenizer_lock
+            )
+        self.rows = batch_rows if self.batcher is not None else 1
+        self.executor = ThreadPoolExecutor(self.rows, thread_name_prefix="multispec-generate")
         self.in_flight = 0  # queued or running
         self.created = int(time.time())
         self.metrics = Metrics()
@@ -310,13 +326,13 @@ class Server:
             job, stream, include_usage = self._job(body, chat)
         except RequestError as e:
             return self._error(request, e)
-        if self.in_flight > self.max_queue:  # one running and max_queue waiting
+        if self.in_flight >= self.max_queue + self.rows:  # `rows` running and max_queue waiting
             return self._error(
                 request,
                 RequestError(
                     429,
                     f"the server is busy: {self.in_flight} requests are queued or running (at most "
-                    f"{self.max_queue + 1}); retry later",
+                    f"{self.max_queue + self.rows}); retry later",
                     code="queue_full",
                     kind="rate_limit_error",
                 ),
@@ -617,9 +633,12 @@ class Server:
                     job.emit("text", piece)
                 return text.stopped
 
-            result = generate(
-                self.pair.target,
-                self.pair.draft,
+            run = (
+                self.batcher.generate
+                if self.batcher is not None
+                else partial(generate, self.pair.target, self.pair.draft)
+            )
+            result = run(
                 job.prompt_ids,
                 method=job.method,
                 max_new_tokens=job.max_tokens,
@@ -637,6 +656,9 @@ class Server:
                 job.emit("text", rest)
             job.emit("done", (result, text.text))
         except Exception as e:  # a request is checked in whole before it runs: what fails here is the server's
+            if job.cancel.is_set() and type(e).__name__ == "Cancelled":  # the client left while it waited for a row
+                job.emit("done", (None, ""))
+                return
             log.exception("generation failed")
             job.emit("error", RequestError(500, f"internal error ({type(e).__name__})", kind="server_error"))
 
@@ -767,6 +789,8 @@ class Server:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.batcher is not None:
+            self.batcher.close()
 
 
 def _sse(obj: dict) -> str:

@@ -130,16 +130,15 @@ _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process 
 
 def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True, kernels: bool = True) -> str:
     """The key of a model's measured costs on this machine. `kernels=False`: without the compiled step's kernel
-    set, for the kernel choices themselves (kept per shape when a variant joins, see `HFModel._untried`)."""
+    set, for the kernel choices themselves (kept per shape when a variant joins, see `CompiledSteps._untried`)."""
     dtype = getattr(model, "dtype", None)
     engine = (
         "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     )
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
-    if engine == "compiled" and kernels and batch_invariant and hasattr(model, "resolve_kernel"):
-        model.resolve_kernel()  # compile=True may run batch-invariant steps here (decided once per machine)
-    if engine == "compiled" and getattr(model, "kernel", None) == "invariant":
+    steps = getattr(model, "steps", None)  # a compiled model's steps (`HFModel.steps`), settled by `prepare`
+    if engine == "compiled" and getattr(steps, "kernel", None) == "invariant":
         engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")
     # eager static forwards pay for batch invariance (a draft's do not); in a reduced precision on a CPU, with
     # the float64 tail of each query's attention (`static.splits`), which curves measured before it lack
@@ -147,7 +146,7 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     if engine.startswith("compiled"):
         # another compiled graph for the same model: its packages and curves are made again
         variant = f"|step={STEP_VERSION}"
-        if kernels and getattr(model, "offers", lambda kind: "")("dpbf16") is None:
+        if kernels and steps is not None and steps.offers("dpbf16") is None:
             # our kernel joins the race here (or runs the batch-invariant step): steps, and so the curve, change
             # (and again with each build of it, which may run faster)
             from . import dpbf16
@@ -178,6 +177,8 @@ def forward_cost(
     path than the causal one). `here`: measured in this process, not read from the cache folder (a compiled
     model's kernels are autotuned per process, and its bucket route comes from this measurement).
     `batch_invariant`: as the forwards it prices are called (False for a draft's: `LanguageModel.forward`)."""
+    if batch_invariant:
+        model.prepare()  # a target's kernels (compile=True may run batch-invariant steps: decided once per machine)
     key = cost_key(model, masked, batch_invariant)
     if key in _COSTS and (not here or key in _MEASURED_HERE):
         return _COSTS[key]

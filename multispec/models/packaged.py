@@ -86,7 +86,7 @@ def path_for(key: str, kind: str, shape: tuple[int, int]) -> Path:
 
 
 class Step(torch.nn.Module):
-    """The exported module: the model's forward over a static cache (`HFModel._step`'s arguments)."""
+    """The exported module: the model's forward over a static cache (`HFModel.step`'s arguments)."""
 
     def __init__(self, model: torch.nn.Module, run: Callable):
         super().__init__()

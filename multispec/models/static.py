@@ -50,7 +50,8 @@ TRACED_ATTENTION = True  # compiled steps trace `attend_traced` (False: the opaq
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """query [B, Hq, n, d], key / value [B, Hkv, n, d]: the new tokens' (rotary already applied).
-    With `ms_keys`, `ms_values` (lists of per-layer `StaticKV` buffers) and `ms_slots` ([n] long) in kwargs:
+    With `ms_keys`, `ms_values` (lists of per-layer `StaticKV` buffers) and `ms_slots` ([n] long, or [B, n]: per
+    row) in kwargs:
     write the new entries at the slots, attend over the first `attention_mask.shape[-1]` slots. Returns
     ([B, n, Hq, dv], None) like transformers' implementations."""
     keys_all = kwargs.get("ms_keys")
@@ -69,10 +70,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         slots = kwargs["ms_slots"]
         if keys.device != slots.device:  # a model spread over devices (device_map): each layer's buffer is on its own
             slots, attention_mask = slots.to(keys.device), attention_mask.to(keys.device)
-        keys.index_copy_(2, slots, key.to(keys.dtype))
-        # whole entries, ones included, into the buffer itself: a compiled step that writes into a view of it
-        # (the values without their ones) copies the whole buffer, a cost that grows with the capacity
-        values.index_copy_(2, slots, with_ones(value, values.dtype))
+        if slots.dim() == 1:
+            keys.index_copy_(2, slots, key.to(keys.dtype))
+            # whole entries, ones included, into the buffer itself: a compiled step that writes into a view of it
+            # (the values without their ones) copies the whole buffer, a cost that grows with the capacity
+            values.index_copy_(2, slots, with_ones(value, values.dtype))
+        else:  # [B, n]: each row's own slots (rows of a batch hold sequences of their own lengths)
+            at = slots[:, None, :, None]
+            keys.scatter_(2, at.expand(-1, keys.shape[1], -1, keys.shape[3]), key.to(keys.dtype))
+            values.scatter_(2, at.expand(-1, values.shape[1], -1, values.shape[3]), with_ones(value, values.dtype))
         width = attention_mask.shape[-1]
         fused = kwargs.get("ms_fused", 0)
         split = kwargs.get("ms_splits")
@@ -531,3 +537,34 @@ class StaticKV:
             else:
                 self.positions[:, start:length] = self.positions.gather(1, tail)
         self.length = length
+
+
+class RowKV(StaticKV):
+    """Row `row` of a batch's cache (a `StaticKV` of many rows, one sequence each), seen as a one-row cache: views
+    of the batch's buffers, so that what a single sequence does with its cache (a prompt's forward, a rollback, a
+    tree commit) acts on that row in place. Its capacity is the batch's and does not grow; it holds one row."""
+
+    def __init__(self, batch: StaticKV, row: int):
+        self.batch, self.row = batch, row
+        self.shapes, self.dtype, self.device, self.storage = batch.shapes, batch.dtype, batch.device, batch.storage
+        self.length, self.rows, self.capacity, self.shared = 0, 1, batch.capacity, 0
+        self._groups = batch._groups
+        self.key_buffers = [b[:, row : row + 1] for b in batch.key_buffers]
+        self.value_buffers = [b[:, row : row + 1] for b in batch.value_buffers]
+        self.keys = [k[row : row + 1] for k in batch.keys]
+        self.values = [v[row : row + 1] for v in batch.values]
+        self.positions = batch.positions[row : row + 1]
+        self.compiled, self.captured, self.invariant_kind = False, False, None  # a batch's steps run eagerly
+        if not hasattr(batch, "views"):
+            batch.views = {}
+        batch.views[row] = self  # the row's held length, for steps that pad it (`HFModel.forward_rows`)
+
+    def reserve(self, needed: int, rows: int | None = None) -> None:
+        if rows not in (None, 1):
+            raise ValueError("a sequence in a batch holds one cache row; methods with several hypotheses run alone")
+        if needed > self.capacity:
+            raise ValueError(f"a sequence in this batch holds at most {self.capacity} entries, {needed} asked for")
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if rows.numel() != 1 or int(rows[0]) != 0:
+            raise ValueError("a sequence in a batch holds one cache row; methods with several hypotheses run alone")

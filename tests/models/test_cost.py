@@ -28,7 +28,7 @@ def test_compiles_during_a_call_count_as_one_time_not_as_decoding(tmp_path, monk
     target, draft = tiny_llama(seed=11), tiny_llama(seed=12, layers=1)
     curves = {}
     for model, seconds in ((target, 0.01), (draft, 0.002)):
-        model.compile, model.kernel = True, "onednn"
+        model.compile, model.steps.kernel = True, "onednn"
         _COSTS.pop(cost_key(model), None)
         curves[cost_key(model)] = {
             "contexts": list(COST_CONTEXTS),

@@ -23,7 +23,7 @@ def capacity_wide(model):
     """The model as a graphed step sees it (bucketed new tokens, a mask over the whole capacity), with the
     step called directly instead of a replay: what a CPU can check of the layout."""
     model.graphs = True
-    model._run_graphed = lambda ids, pos, masks, slots, cache: model._step(
+    model.graphed.run = lambda ids, pos, masks, slots, cache: model.step(
         ids, pos, masks, slots, cache.keys, cache.values
     )
     return model

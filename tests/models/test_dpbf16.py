@@ -152,10 +152,10 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_bf16(), tiny_bf16()
     compiled.compile = True
-    assert compiled.offers(hf.DPBF16) is None
+    assert compiled.steps.offers(hf.DPBF16) is None
     # an earlier process chose without our kernel (one that could not build it, or a version without it)
     earlier = {"kernel": "onednn", "step_ms": {"onednn": 1.0, "autotuned": 2.0, "onednn+concat": 1.5}}
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(compiled): {"1x4": earlier}}))
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(compiled): {"1x4": earlier}}))
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
     compiled.forward(cc, torch.tensor([PROMPT]))
@@ -178,7 +178,7 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     cache = later.new_cache()
     later.forward(cache, torch.tensor([PROMPT]))
     later.forward(cache, step)
-    assert later.compiles == 0 and later.kernels[(1, 4)] == entry["1x4"]["kernel"]
+    assert later.compiles == 0 and later.steps.kernels[(1, 4)] == entry["1x4"]["kernel"]
 
 
 def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kernel, tmp_path, monkeypatch):
@@ -187,19 +187,19 @@ def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kern
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     draft = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
-    assert draft.offers(hf.INVARIANT_DPBF16) is None
+    assert draft.steps.offers(hf.INVARIANT_DPBF16) is None
     won = {"kernel": hf.INVARIANT_DPBF16, "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(draft): {"1x4": won}}))
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(draft): {"1x4": won}}))
     exact = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=hf.INVARIANT)
-    exact._invariant_kind = hf.INVARIANT_DPBF16
+    exact.steps._invariant_kind = hf.INVARIANT_DPBF16
     caches = draft.new_cache(), exact.new_cache()
     for tokens in (PROMPT, [9, 4, 33], [2, 40, 11, 7]):
         fast = draft.forward(caches[0], torch.tensor([tokens]), batch_invariant=False)
         assert torch.equal(fast, exact.forward(caches[1], torch.tensor([tokens])))
-    assert draft.kernel == "auto" and draft.kernels == {(1, 4): hf.INVARIANT_DPBF16} and draft.compiles == 1
+    assert draft.steps.kernel == "auto" and draft.steps.kernels == {(1, 4): hf.INVARIANT_DPBF16} and draft.compiles == 1
     # where our kernel cannot take every linear map, the variant is not offered (nor raced)
     monkeypatch.setattr(dpbf16, "routes_all", lambda model: False)
-    assert "every linear map" in tiny_bf16().offers(hf.INVARIANT_DPBF16)
+    assert "every linear map" in tiny_bf16().steps.offers(hf.INVARIANT_DPBF16)
 
 
 @pytest.mark.parametrize("fast", ["dpbf16", hf.INVARIANT_DPBF16])
@@ -210,9 +210,9 @@ def test_a_fast_one_token_step_that_is_the_batch_invariant_one_is_not_timed_agai
     # step: their difference is noise, and the steps are batch-invariant whatever it is
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
-    model.kernels[(1, 1)] = fast
+    model.steps.kernels[(1, 1)] = fast
     monkeypatch.setattr(HFModel, "_time_one_token", lambda self, settings: {"auto": 1.0, hf.INVARIANT_DPBF16: 1.2})
-    assert model._race_exact() is (fast == hf.INVARIANT_DPBF16)
+    assert model.steps._race_exact() is (fast == hf.INVARIANT_DPBF16)
 
 
 def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_path, monkeypatch):
@@ -223,7 +223,7 @@ def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_
     counts = {}
     for kind in (hf.DPBF16, hf.DPBF16 + hf.CONCAT):
         model = tiny_bf16()
-        model.compile, model.kernel = True, kind
+        model.compile, model.steps.kernel = True, kind
         cache = model.new_cache()
         model.forward(cache, torch.tensor([PROMPT]))
         got = model.forward(cache, torch.tensor([[9, 4, 33]]))
@@ -236,10 +236,10 @@ def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_
 def test_a_float32_model_or_a_switched_off_kernel_is_not_offered_it(monkeypatch):
     model = tiny_llama(seed=1)
     model.compile = True
-    assert model.offers(hf.DPBF16) == "it multiplies bfloat16 on a CPU"
+    assert model.steps.offers(hf.DPBF16) == "it multiplies bfloat16 on a CPU"
     monkeypatch.setattr(dpbf16, "_state", {})
     monkeypatch.setenv(dpbf16.VARIABLE, "0")
-    assert tiny_bf16().offers(hf.DPBF16) == "MULTISPEC_DPBF16=0"
+    assert tiny_bf16().steps.offers(hf.DPBF16) == "MULTISPEC_DPBF16=0"
 
 
 def _attention_reference(query, keys, values, mask, scaling):
@@ -357,13 +357,13 @@ def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kerne
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
-    monkeypatch.setattr(hf, "EXACT_TOLERANCE", 1e9)  # the batch-invariant steps, whatever they cost here
+    monkeypatch.setattr(hf.compiled, "EXACT_TOLERANCE", 1e9)  # the batch-invariant steps, whatever they cost here
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
     raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(model): {"1x1": raced, "1x4": raced}}))
     assert model.new_cache().key_buffers[0].dtype == torch.float32  # undecided: a draft's cache, say
     runner = ModelRunner(model)  # a target's runner decides the kernels before it makes its cache
-    assert model.kernel == hf.INVARIANT and model.invariant_kind() == hf.INVARIANT_DPBF16
+    assert model.steps.kernel == hf.INVARIANT and model.steps.invariant_kind() == hf.INVARIANT_DPBF16
     assert {b.dtype for b in (*runner.cache.key_buffers, *runner.cache.value_buffers)} == {torch.bfloat16}
     wide = static.StaticKV(model.kv_shapes, model.dtype, model.device, storage=torch.float32)
     steps = [torch.tensor([PROMPT]), torch.tensor([[9]]), torch.tensor([[9, 4, 33]]), torch.tensor([[5, 1]])]
@@ -382,22 +382,22 @@ def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel
     # fixes the outcome here
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
-    monkeypatch.setattr(hf, "EXACT_TOLERANCE", tolerance)
+    monkeypatch.setattr(hf.compiled, "EXACT_TOLERANCE", tolerance)
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
     # the fast steps' kernels, as if an earlier process had raced them all (one compile each here, not a race)
     raced = {"kernel": "dpbf16", "step_ms": {k: 1.0 for k in (*hf.VARIANTS, *hf.RACED)}}
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": raced, "1x4": raced}}))
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(model): {"1x1": raced, "1x4": raced}}))
     # a draft's forwards (not batch-invariant: its logits decide nothing) leave it undecided
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]), batch_invariant=False)
     model.forward(cache, torch.tensor([[9]]), batch_invariant=False)
-    assert model._exact is None and model.kernel == "auto"
+    assert model.steps._exact is None and model.steps.kernel == "auto"
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
     model.forward(cache, torch.tensor([[9, 4, 33]]))
     exact = tolerance > 1
-    assert model._exact is exact and (model.kernel == hf.INVARIANT) is exact
-    assert ((hf.INVARIANT_DPBF16, (1, 4)) in model._packages) is exact
+    assert model.steps._exact is exact and (model.steps.kernel == hf.INVARIANT) is exact
+    assert ((hf.INVARIANT_DPBF16, (1, 4)) in model.steps._packages) is exact
     store = json.loads((tmp_path / "compiled_kernels.json").read_text())
     (kept,) = [entry[hf.EXACT_CHOICE] for entry in store.values() if hf.EXACT_CHOICE in entry]
     assert kept["exact"] is exact and set(kept["step_ms"]) == {"auto", hf.INVARIANT_DPBF16}
@@ -407,4 +407,4 @@ def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel
     # a later process of the same weights takes the kept outcome without timing
     monkeypatch.setattr(HFModel, "_race_exact", lambda self: pytest.fail("raced again"))
     later = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
-    assert later.resolve_kernel() == model.kernel
+    assert later.steps.resolve_kernel() == model.steps.kernel

@@ -2,7 +2,7 @@
 failing request changes neither the speed nor the tokens of the next (a server's requests share one model)."""
 
 from multispec import generate
-from multispec.models.hf import HFModel
+from multispec.models.hf import CompiledSteps, HFModel
 from tests.conftest import tiny_llama
 
 
@@ -16,7 +16,7 @@ def test_a_failed_compiled_step_falls_back_for_its_generation_only(monkeypatch):
         attempts.append(args[0].shape)
         raise RuntimeError("injected compile failure")
 
-    monkeypatch.setattr(HFModel, "_run_compiled", failing)
+    monkeypatch.setattr(CompiledSteps, "run", failing)
     want = generate(eager, None, [1, 2, 3], method="ar", temperature=0, max_new_tokens=6, score=False).token_ids
     for _ in range(2):  # the second generation tries its compiled steps again
         before = len(attempts)

@@ -112,7 +112,7 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager = tiny_llama(seed=3)
     compiled = tiny_llama(seed=3)
-    compiled.compile, compiled.kernel = True, "onednn"  # one variant: one graph per shape
+    compiled.compile, compiled.steps.kernel = True, "onednn"  # one variant: one graph per shape
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
     compiled.forward(cc, torch.tensor([PROMPT]))  # the prompt runs eagerly
@@ -137,7 +137,7 @@ def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch
     # entries into the buffers themselves
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager, compiled = tiny_llama(seed=3), tiny_llama(seed=3)
-    compiled.compile, compiled.kernel = True, "onednn"
+    compiled.compile, compiled.steps.kernel = True, "onednn"
     programs = []
     export = packaged.export
     monkeypatch.setattr(packaged, "export", lambda *args: programs.append(export(*args)) or programs[-1])
@@ -164,7 +164,7 @@ def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, mo
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager, compiled = tiny_llama(seed=4), tiny_llama(seed=4)
-    compiled.compile, compiled.kernel = True, "onednn"
+    compiled.compile, compiled.steps.kernel = True, "onednn"
     compiled.bucket_route[4] = 8
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
@@ -182,7 +182,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
     # reads (768 slots) stop filling the buffer: one graph throughout
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = tiny_llama(seed=5, max_positions=700)
-    model.compile, model.kernel = True, "onednn"
+    model.compile, model.steps.kernel = True, "onednn"
     cache = model.new_cache()
     model.forward(cache, torch.tensor([[(5 * i + 1) % 64 for i in range(505)]]))
     for step in range(8):
@@ -200,7 +200,7 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_llama(seed=6), tiny_llama(seed=6)
     compiled.compile = True
-    assert compiled.kernel == "auto"
+    assert compiled.steps.kernel == "auto"
     ce, cc = eager.new_cache(), compiled.new_cache()
     eager.forward(ce, torch.tensor([PROMPT]))
     compiled.forward(cc, torch.tensor([PROMPT]))
@@ -209,9 +209,9 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
         assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
     # a graph per variant of KERNELS that runs here (our bfloat16 kernel does not take float32), one more for the
     # faster with its products concatenated; none after the choice
-    assert compiled.offers(hf.DPBF16) == "it multiplies bfloat16 on a CPU"
+    assert compiled.steps.offers(hf.DPBF16) == "it multiplies bfloat16 on a CPU"
     assert compiled.compiles == len(hf.KERNELS) - 1 + 1 == 3
-    kept = compiled.kernels[(1, 4)]
+    kept = compiled.steps.kernels[(1, 4)]
     assert kept in hf.VARIANTS
     err = capsys.readouterr().err
     assert "(onednn kernels)" in err and "(autotuned kernels)" in err and f"keeps {kept}" in err
@@ -234,7 +234,7 @@ def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_
     again.forward(ca, torch.tensor([PROMPT]))
     want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
     assert torch.allclose(again.forward(ca, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
-    assert again.compiles == 0 and again.kernels == {(1, 4): kept}
+    assert again.compiles == 0 and again.steps.kernels == {(1, 4): kept}
     assert (
         f"loaded the compiled step of tiny-llama-64-6 for 1 x 4 new tokens ({kept} kernels)" in capsys.readouterr().err
     )
@@ -261,7 +261,7 @@ def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path,
     counts = {}
     for kind in ("onednn", "onednn" + hf.CONCAT):
         model = tiny_llama(seed=6)
-        model.compile, model.kernel = True, kind
+        model.compile, model.steps.kernel = True, kind
         cache = model.new_cache()
         model.forward(cache, torch.tensor([PROMPT]))
         assert torch.allclose(model.forward(cache, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
@@ -281,7 +281,7 @@ def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypat
     models = []
     for seed in (3, 4):
         eager, compiled = tiny_llama(seed=seed), tiny_llama(seed=seed)
-        compiled.compile, compiled.kernel = True, "onednn"
+        compiled.compile, compiled.steps.kernel = True, "onednn"
         ce, cc = eager.new_cache(), compiled.new_cache()
         eager.forward(ce, torch.tensor([PROMPT]))
         compiled.forward(cc, torch.tensor([PROMPT]))
@@ -298,9 +298,9 @@ def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_na
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     model = tiny_llama(seed=8)
     model.compile = True
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf._kernel_key(model): {"1x1": {"kernel": "gone"}}}))
-    assert hf._stored_choice(model, (1, 1)) is None and hf._stored_choice(model, (1, 2)) is None
-    model.kernel = "fastest"
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(model): {"1x1": {"kernel": "gone"}}}))
+    assert hf.stored_choice(model, (1, 1)) is None and hf.stored_choice(model, (1, 2)) is None
+    model.steps.kernel = "fastest"
     cache = model.new_cache()
     model.forward(cache, torch.tensor([PROMPT]))
     with pytest.raises(ValueError, match="kernel 'fastest': 'auto', 'invariant' or one of onednn, autotuned"):
@@ -372,7 +372,7 @@ def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
 def _invariant_llama(kind: str):
     """The default target's layer shapes in bfloat16, its compiled steps batch-invariant in variant `kind`."""
     model = _bf16_llama(hidden=576, intermediate=1536)
-    model.compile, model.kernel, model._invariant_kind = True, hf.INVARIANT, kind
+    model.compile, model.steps.kernel, model.steps._invariant_kind = True, hf.INVARIANT, kind
     return model
 
 
@@ -388,22 +388,22 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _invariant_llama(kind)
     if kind == hf.INVARIANT_DPBF16:
-        if model.offers(hf.DPBF16) is not None:
-            pytest.skip(f"our kernel does not run here: {model.offers(hf.DPBF16)}")
-        assert model._invariant_padding() == 1 and model.invariant_kind() == kind
+        if model.steps.offers(hf.DPBF16) is not None:
+            pytest.skip(f"our kernel does not run here: {model.steps.offers(hf.DPBF16)}")
+        assert model.steps.invariant_padding() == 1 and model.steps.invariant_kind() == kind
     else:
-        assert model._invariant_padding() == model.min_rows
+        assert model.steps.invariant_padding() == model.min_rows
     assert _nodes_differing_from_one_token_steps(model, past=200) == 0
     # the tree's bucket and the steps', kept on disk: the same weights in another model load them
     # (on our kernel, the cache holds bfloat16, and the packages take it so)
     stored = f"{kind}-kv-bfloat16" if kind == hf.INVARIANT_DPBF16 else kind
     assert model.kv_storage() == (torch.bfloat16 if kind == hf.INVARIANT_DPBF16 else torch.float32)
-    assert model.compiles >= 2 and {kind for kind, _ in model._packages} == {stored}
+    assert model.compiles >= 2 and {kind for kind, _ in model.steps._packages} == {stored}
     again = _invariant_llama(kind)
     assert _nodes_differing_from_one_token_steps(again, past=200) == 0
-    assert again.compiles == 0 and again._packages.keys() == model._packages.keys()
+    assert again.compiles == 0 and again.steps._packages.keys() == model.steps._packages.keys()
     # the tree's bucket was checked against one-token steps on this machine when it first ran (a chain of 32)
-    assert model.invariance[32] == 0 and again.invariance[32] == 0
+    assert model.steps.invariance[32] == 0 and again.steps.invariance[32] == 0
     # drafts fed with the prompt (the engine's first forward) go through a compiled step, as they do when
     # the prompt came alone (`ar`); fed eagerly with it (the known-wrong variant), they get other bits
     chain = _scored_after_a_prompt(model, 4, step_by_step=False)
@@ -420,36 +420,36 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     monkeypatch.setattr(hf.HFModel, "_prompt_then_steps", whole)
     # known-wrong variants: the invariant step with attention traced into the graph (no splits), and the fast
     # compiled step (attention traced, rows unpadded, a kernel per bucket)
-    step_for = hf.HFModel._step_for
-    monkeypatch.setattr(hf.HFModel, "_step_for", lambda self, kind: self._step)
+    step_for = hf.CompiledSteps._step_for
+    monkeypatch.setattr(hf.CompiledSteps, "_step_for", lambda self, kind: self.hf.step)
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "traced" / "forward_cost.json"))  # not the packages above
     traced = _invariant_llama(kind)
     traced = _nodes_differing_from_one_token_steps(traced, past=200)
-    monkeypatch.setattr(hf.HFModel, "_step_for", step_for)
+    monkeypatch.setattr(hf.CompiledSteps, "_step_for", step_for)
     fast = _bf16_llama(hidden=576, intermediate=1536)
-    fast.compile, fast.kernel = True, "onednn"
+    fast.compile, fast.steps.kernel = True, "onednn"
     if traced == 0 or _nodes_differing_from_one_token_steps(fast, past=200) == 0 or torch.equal(wrong, chain):
         pytest.skip("this machine gives the same bits either way: a known-wrong variant shows nothing")
     # where the fast step's kernels change with the rows, the check that runs on first use finds it
-    assert fast._probe_invariance(32) > 0
+    assert fast.steps._probe_invariance(32) > 0
 
 
 def test_a_batch_invariant_step_that_fails_its_check_says_so_and_the_machine_remembers(tmp_path, monkeypatch, capsys):
-    # the outcome of `_check_invariance` (its probe is the real forwards, checked above) is kept beside the
+    # the outcome of `CompiledSteps.check_invariance` (its probe is the real forwards, checked above) is kept beside the
     # kernel choices for these weights: a later model of the same weights says so again without probing
 
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     probed = []
-    monkeypatch.setattr(hf.HFModel, "_probe_invariance", lambda self, width: probed.append(width) or 3)
+    monkeypatch.setattr(hf.CompiledSteps, "_probe_invariance", lambda self, width: probed.append(width) or 3)
     first, again = (hf.HFModel(tiny_llama(seed=4).model, None, name="tiny", compile="invariant") for _ in range(2))
-    first._check_invariance(1)  # the one-token step's own bucket: nothing to compare
-    first._check_invariance(8)
-    assert probed == [8] and first.invariance == {1: 0, 8: 3}
+    first.steps.check_invariance(1)  # the one-token step's own bucket: nothing to compare
+    first.steps.check_invariance(8)
+    assert probed == [8] and first.steps.invariance == {1: 0, 8: 3}
     assert "step for 8 new tokens gave 3 of 8 tokens other logits than one-token steps" in capsys.readouterr().err
-    again._check_invariance(8)
-    assert probed == [8] and again.invariance == {8: 3} and "gave 3 of 8" in capsys.readouterr().err
+    again.steps.check_invariance(8)
+    assert probed == [8] and again.steps.invariance == {8: 3} and "gave 3 of 8" in capsys.readouterr().err
     other = hf.HFModel(tiny_llama(seed=5).model, None, name="tiny", compile="invariant")
-    other._check_invariance(8)  # other weights: probed again
+    other.steps.check_invariance(8)  # other weights: probed again
     assert probed == [8, 8]
 
 
@@ -461,12 +461,12 @@ def test_compile_takes_true_false_invariant_or_fast():
     with pytest.raises(ValueError, match="compile='quick'"):
         HFModel(model, None, compile="quick")
     invariant = HFModel(model, None, name="tiny", compile="invariant")
-    assert invariant.compile and invariant.kernel == "invariant"
+    assert invariant.compile and invariant.steps.kernel == "invariant"
     assert describe_model(invariant).endswith("compiled, batch-invariant")
     # True: batch-invariant where that costs no more here (decided at the first compiled step); "fast": never
     auto, fast = HFModel(model, None, name="tiny", compile=True), HFModel(model, None, name="tiny", compile="fast")
-    assert auto.kernel == fast.kernel == "auto" and auto.compile and fast.compile
-    assert auto._exact is None and fast._exact is False and fast.resolve_kernel() == "auto"
+    assert auto.steps.kernel == fast.steps.kernel == "auto" and auto.compile and fast.compile
+    assert auto.steps._exact is None and fast.steps._exact is False and fast.steps.resolve_kernel() == "auto"
     from multispec.cli import _compile, build_parser
 
     def compile_of(*flags):

@@ -27,7 +27,7 @@ def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_i
     # checkpoint under the same name does not get it; a damaged package is compiled again
     def run(seed, name="tiny"):
         eager, compiled = tiny_llama(seed=seed), tiny_llama(seed=seed)
-        compiled.name, compiled.compile, compiled.kernel = name, True, "onednn"
+        compiled.name, compiled.compile, compiled.steps.kernel = name, True, "onednn"
         ce, cc = eager.new_cache(), compiled.new_cache()
         eager.forward(ce, torch.tensor([PROMPT]))
         compiled.forward(cc, torch.tensor([PROMPT]))

@@ -1,0 +1,137 @@
+"""Continuous batching (`multispec.batching`): a sequence decoded with others gets the tokens it gets alone, at
+temperature 1 as at 0, whatever the others are and whenever they join; known-wrong batches (a random stream
+shared by the rows, a verdict committed to another row's cache) fail the same check."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from multispec import generate
+from multispec.batching import Batcher
+from multispec.models import static
+from tests.conftest import tiny_llama
+
+PROMPTS = [[3, 9, 27, 17], [5, 1, 44, 12, 60, 2, 8], [7, 7], [11, 40, 33, 2, 19, 50, 21, 4, 6, 31, 9], [30, 1, 2]]
+METHODS = ["ar", "sd:gamma=3", "specinfer:k_config=2x1x1", "mcsd:k_config=2x2", "bild", "sd-opt:gamma=2"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_llama(seed=0), tiny_llama(seed=1)
+
+
+def _run(batcher, prompts, method, temperature, stagger=0.0, seeds=None):
+    """Every prompt's tokens, the generations started from threads at once (after a random stagger each)."""
+    out, errors = {}, []
+    rng = random.Random(7)
+    delays = [rng.uniform(0, stagger) for _ in prompts]
+    seeds = seeds or [100 + i for i in range(len(prompts))]
+
+    def one(i):
+        time.sleep(delays[i])
+        try:
+            got = batcher.generate(
+                prompts[i], method, max_new_tokens=12, temperature=temperature, seed=seeds[i], score=False
+            )
+            out[i] = got.token_ids
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return [out[i] for i in range(len(prompts))]
+
+
+def _alone(pair, method, temperature):
+    batcher = Batcher(*pair, rows=1, capacity=256)
+    try:
+        return [_run(batcher, [p], method, temperature, seeds=[100 + i])[0] for i, p in enumerate(PROMPTS)]
+    finally:
+        batcher.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_sequence_gets_its_own_tokens_whatever_else_is_in_its_batch(pair, method, temperature):
+    want = _alone(pair, method, temperature)
+    # all at once in one batch, then in a batch too small for them (rows join as others leave), staggered
+    for rows, stagger in ((len(PROMPTS), 0.0), (2, 0.05)):
+        batcher = Batcher(*pair, rows=rows, capacity=256)
+        try:
+            assert _run(batcher, PROMPTS, method, temperature, stagger) == want
+            assert batcher.stats["forwards"] > 0 and batcher.stats["rows"] > batcher.stats["forwards"]
+        finally:
+            batcher.close()
+
+
+def test_greedy_tokens_in_a_batch_are_plain_generates(pair):
+    target, draft = pair
+    want = [generate(target, draft, p, "ar", max_new_tokens=12, temperature=0, score=False).token_ids for p in PROMPTS]
+    batcher = Batcher(target, draft, rows=4, capacity=256)
+    try:
+        assert _run(batcher, PROMPTS, "sd:gamma=3", 0.0) == want
+    finally:
+        batcher.close()
+
+
+def test_a_random_stream_shared_by_the_rows_changes_their_tokens(pair, monkeypatch):
+    # known-wrong: one generator for every row, so a row's draws depend on the others' (its verdicts too)
+    want = _alone(pair, "sd:gamma=3", 1.0)
+    shared = torch.Generator().manual_seed(0)
+    import multispec.api as api
+
+    real = torch.Generator
+    monkeypatch.setattr(api.torch, "Generator", lambda *a, **k: shared)
+    try:
+        batcher = Batcher(*pair, rows=len(PROMPTS), capacity=256)
+        got = _run(batcher, PROMPTS, "sd:gamma=3", 1.0)
+        batcher.close()
+    finally:
+        monkeypatch.setattr(api.torch, "Generator", real)
+    assert got != want
+
+
+def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, monkeypatch):
+    # known-wrong: each generation's cache is its neighbour's row
+    want = _alone(pair, "sd:gamma=3", 0.0)
+    monkeypatch.setattr(Batcher, "_row_cache", lambda self, role, row: static.RowKV(self.caches[role], row ^ 1))
+    batcher = Batcher(*pair, rows=len(PROMPTS) + 1, capacity=256)
+    try:
+        got = _run(batcher, PROMPTS, "sd:gamma=3", 0.0)
+    finally:
+        batcher.close()
+    assert got != want
+
+
+def test_a_method_of_several_rows_runs_alone_between_batched_steps(pair):
+    target, draft = pair
+    want = generate(target, draft, PROMPTS[1], "beam:width=3", max_new_tokens=8, temperature=0, score=False).token_ids
+    batcher = Batcher(target, draft, rows=2, capacity=256)
+    try:
+        got = batcher.generate(PROMPTS[1], "beam:width=3", max_new_tokens=8, temperature=0, score=False)
+        assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
+    finally:
+        batcher.close()
+
+
+def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair):
+    with pytest.raises(ValueError, match="rows must be an integer >= 1"):
+        Batcher(*pair, rows=0)
+    with pytest.raises(ValueError, match="capacity must be an integer >= 1"):
+        Batcher(*pair, rows=2, capacity=2.5)
+    target, draft = pair
+    prompt = list(range(1, 15))
+    want = generate(target, draft, prompt, "sd:gamma=3", max_new_tokens=8, temperature=0, score=False).token_ids
+    batcher = Batcher(*pair, rows=1, capacity=16)
+    try:
+        got = batcher.generate(prompt, "sd:gamma=3", max_new_tokens=8, temperature=0, score=False)
+        assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
+    finally:
+        batcher.close()
