@@ -14,7 +14,7 @@ import json
 import sys
 
 from multispec import generate, load_pair
-from multispec.bench.prompts import load_prompts
+from multispec.tools.bench.prompts import load_prompts
 
 
 def main(

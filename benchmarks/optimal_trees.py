@@ -45,12 +45,12 @@ def combos(temperatures):
 def run(args) -> None:
     import multispec.drafting.shape as shape
     from multispec.api import generate, load_pair
-    from multispec.bench import load_prompts
-    from multispec.bench.runner import hf_generate
     from multispec.drafting.shape import AUTO_MAX_DEPTH
+    from multispec.tools.bench import load_prompts
+    from multispec.tools.bench.runner import hf_generate
+    from multispec.tools.tune import load_plan, tune, write_plan
     from multispec.tree_search import RankAcceptance, TreeTable, reach_of, tree_value
     from multispec.trees import TokenTree
-    from multispec.tune import load_plan, tune, write_plan
     from multispec.warp import Sampling
 
     out = Path(args.out)

@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from multispec.bench.prompts import load_prompts
+    from multispec.tools.bench.prompts import load_prompts
 
     params = dict(p.split("=", 1) for p in args.param)
     prompts = load_prompts([args.prompts], limit=args.limit, spread=True)

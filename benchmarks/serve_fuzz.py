@@ -7,7 +7,7 @@ sampled after each request.
 
     python benchmarks/serve_fuzz.py --requests 5000 --out benchmarks/results/serve-fuzz
 
-The suite runs the same checks on 500 requests (`tests/test_serve_fuzz.py`).
+The suite runs the same checks on 500 requests (`tests/entrypoints/test_serve_fuzz.py`).
 """
 
 from __future__ import annotations

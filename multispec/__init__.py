@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "Batcher": "batching",
     "ModelPair": "api",
     "Result": "result",
     "Stats": "result",

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from multispec import generate
-from multispec.cli import main
+from multispec.entrypoints.cli import main
 from multispec.models.markov import random_markov_pair
 from tests.conftest import tiny_llama
 
@@ -78,7 +78,7 @@ def test_cli_mismatched_vocabularies_in_a_subprocess(tmp_path):
     model = tiny_llama(vocab=80)
     model.model.save_pretrained(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "multispec.cli", "generate", "hello", "--draft", str(tmp_path)],
+        [sys.executable, "-m", "multispec.entrypoints.cli", "generate", "hello", "--draft", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,

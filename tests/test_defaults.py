@@ -3,8 +3,8 @@
 import inspect
 
 from multispec.api import generate
-from multispec.cli import build_parser
 from multispec.decoding import DEFAULT_METHOD
+from multispec.entrypoints.cli import build_parser
 from multispec.models.markov import random_markov_pair
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from multispec.check import check_method
+from multispec.tools.check import check_method
 from tests.wrong_rules import no_residual_verify
 
 RUNS = 6000

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from multispec import generate
-from multispec.bench import load_prompt_file
-from multispec.cli import main
 from multispec.data import PROMPT_SETS, prompt_file
+from multispec.entrypoints.cli import main
 from multispec.models.hf import HFModel
+from multispec.tools.bench import load_prompt_file
 from tests.conftest import tiny_llama
 
 
@@ -35,13 +35,13 @@ def test_prompt_sets_follow_multispec_data(tmp_path, monkeypatch):
 
 def test_help_is_quick_and_loads_no_torch():
     code = (
-        "import sys; from multispec.cli import build_parser; build_parser().format_help(); "
+        "import sys; from multispec.entrypoints.cli import build_parser; build_parser().format_help(); "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
     help_text = subprocess.run(
-        [sys.executable, "-m", "multispec.cli", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "multispec.entrypoints.cli", "--help"], capture_output=True, text=True, timeout=120
     ).stdout
     assert "train a draft." in " ".join(help_text.split())  # the description is whole
 

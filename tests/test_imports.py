@@ -7,15 +7,8 @@ import pytest
 
 # the tools and entry points: they may use the core, never the other way round
 TOOLS = (
-    "multispec.bench",
-    "multispec.tune",
-    "multispec.reproduce",
-    "multispec.theory",
-    "multispec.distill",
-    "multispec.check",
-    "multispec.cli",
-    "multispec.serve",
-    "multispec.distill_args",
+    "multispec.tools",
+    "multispec.entrypoints",
     "multispec.__main__",
 )
 # the library core: what `generate()` and `load_pair()` need

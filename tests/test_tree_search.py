@@ -12,9 +12,9 @@ import torch
 
 import multispec.decoding.tree
 from multispec.api import generate
-from multispec.check import check_method
 from multispec.models.cost import ForwardCost
 from multispec.models.markov import random_markov_pair
+from multispec.tools.check import check_method
 from multispec.tree_search import (
     MAX_CHILDREN,
     RankAcceptance,
@@ -640,8 +640,8 @@ def test_tree_auto_prices_the_first_call_as_a_steady_one_and_a_prior_skips_the_o
 
 
 def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
-    from multispec.bench import Prompt
-    from multispec.tune import load_plan, tune, write_plan
+    from multispec.tools.bench import Prompt
+    from multispec.tools.tune import load_plan, tune, write_plan
     from tests.conftest import tiny_llama
 
     target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
@@ -693,17 +693,17 @@ def test_tune_writes_a_plan_that_generate_and_bench_use(tmp_path):
 def test_tune_prices_tree_auto_as_plain_steps_when_its_choice_is_no_drafting(monkeypatch):
     # tree=auto decodes without drafts when no tree pays (after its first one-node tries): tune must predict
     # that, not a one-node chain (a translation tune priced tree=auto 1.65x below what it then ran at)
-    import multispec.tune
-    from multispec.bench import Prompt
+    import multispec.tools.tune
+    from multispec.tools.bench import Prompt
     from multispec.tree_search import TreeChoice
     from tests.conftest import tiny_llama
 
-    monkeypatch.setattr(multispec.tune, "fastest_tree", lambda *a, **k: TreeChoice(0, 0, 1.0, 0.05, ()))
+    monkeypatch.setattr(multispec.tools.tune, "fastest_tree", lambda *a, **k: TreeChoice(0, 0, 1.0, 0.05, ()))
     # the search's share per call is timed on this machine (a loaded one takes longer): fixed here
-    monkeypatch.setattr(multispec.tune, "_search_seconds", lambda *a, **k: 0.002)
+    monkeypatch.setattr(multispec.tools.tune, "_search_seconds", lambda *a, **k: 0.002)
     target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
     prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(2)]
-    result = multispec.tune.tune(target, draft, prompts, temperature=1.0, max_new_tokens=8, measure=1)
+    result = multispec.tools.tune.tune(target, draft, prompts, temperature=1.0, max_new_tokens=8, measure=1)
     auto = next(c for c in result.candidates if "tree=auto" in c.label)
     assert auto.tree is None and auto.tokens == 1.0
     plain = next(c for c in result.candidates if c.label == "ar")
@@ -716,21 +716,21 @@ def test_tune_warms_each_kind_up_before_it_times_it(monkeypatch):
     # a kind's first run in a process paid for its step's first use (11.1 ms a step against 8.0 later) and priced
     # ar: every kind tune times runs a few tokens untimed first, the probe's kinds before the probe and the
     # measured candidates before their measurements
-    import multispec.tune
-    from multispec.bench import Prompt
+    import multispec.tools.tune
+    from multispec.tools.bench import Prompt
     from tests.conftest import tiny_llama
 
-    calls, original = [], multispec.tune._run
+    calls, original = [], multispec.tools.tune._run
 
     def recorded(target, draft, prompts, method, params, settings, first=0):
         calls.append((method, params.get("gamma"), str(params.get("tree")), settings["max_new_tokens"]))
         return original(target, draft, prompts, method, params, settings, first)
 
-    monkeypatch.setattr(multispec.tune, "_run", recorded)
+    monkeypatch.setattr(multispec.tools.tune, "_run", recorded)
     target, draft = tiny_llama(seed=0), tiny_llama(seed=1, layers=1)
     prompts = [Prompt(f"p:{i}", "toy", list(range(1 + i, 9 + i))) for i in range(2)]
-    result = multispec.tune.tune(target, draft, prompts, temperature=0.0, max_new_tokens=12, measure=1)
-    short = multispec.tune.WARM_UP_TOKENS
+    result = multispec.tools.tune.tune(target, draft, prompts, temperature=0.0, max_new_tokens=12, measure=1)
+    short = multispec.tools.tune.WARM_UP_TOKENS
     timed = [c for c in calls if c[3] == 12]
     assert timed and all(c[3] in (short, 12) for c in calls)
     first_timed = calls.index(timed[0])
@@ -747,7 +747,7 @@ def test_tune_warms_each_kind_up_before_it_times_it(monkeypatch):
 
 
 def test_a_candidate_spreads_its_prefill_over_the_expected_output():
-    from multispec.tune import Candidate
+    from multispec.tools.tune import Candidate
 
     # 2 tokens per 10 ms iteration, 0.5 s of prompt over 100 new tokens: 5 ms + 5 ms a token
     c = Candidate("x", "sd", {}, None, tokens=2.0, seconds=0.010, prefill=0.5, new_tokens=100)
@@ -770,21 +770,24 @@ def test_stats_hold_the_prompts_forward_apart():
 
 
 def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
-    from multispec.tune import load_plan
+    from multispec.tools.tune import load_plan
 
     path = tmp_path / "x.json"
     path.write_text('{"method": "sd"}')
     with pytest.raises(ValueError, match="is not a plan file written by multispec tune"):
         load_plan(path)
     proc = subprocess.run(
-        [sys.executable, "-m", "multispec.cli", "generate", "hi", "--plan", str(path)],
+        [sys.executable, "-m", "multispec.entrypoints.cli", "generate", "hi", "--plan", str(path)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 2 and "not a plan file" in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "multispec.cli", "tune", "--limit", "1"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "multispec.entrypoints.cli", "tune", "--limit", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2 and "--limit >= 2" in proc.stderr
 
@@ -792,7 +795,7 @@ def test_a_file_that_is_not_a_plan_is_refused(tmp_path):
 def test_a_run_that_differs_from_what_its_plan_was_priced_on_is_told_so():
     # eager and compiled forwards have cost curves of other shapes (on one CPU, tune chose a 4-node tree eager and
     # sd gamma 1 compiled): a plan used with other flags, models or on another host says so; a matching run is quiet
-    from multispec.tune import Plan, plan_mismatches
+    from multispec.tools.tune import Plan, plan_mismatches
 
     tuned = {"target": "T - bfloat16, compiled", "draft": "D - bfloat16, compiled"}
     plan = Plan("sd:gamma=1", {"models": tuned, "machine": {"host": "box"}})

@@ -14,7 +14,7 @@ from ..params import short_repr
 from ..trees import parse_k_config
 
 # The library's bounds on a method's sizes, so that one call cannot exhaust memory or time before it starts
-# (a server sets tighter ones: `multispec.serve.Limits`). Trees are bounded by `trees.MAX_TREE_NODES`.
+# (a server sets tighter ones: `multispec.entrypoints.serve.Limits`). Trees are bounded by `trees.MAX_TREE_NODES`.
 MAX_DEPTH = 256  # draft positions per target call (gamma, max_unchecked): a chain is a tree of this many nodes
 MAX_ROWS = 64  # beams or draft chains: cache rows per model
 MAX_NGRAM = 64  # the longest n-gram a copying drafter matches

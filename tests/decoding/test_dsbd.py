@@ -8,10 +8,10 @@ import torch
 
 import multispec.verify.beam
 from multispec import generate
-from multispec.check import check_method
 from multispec.drafting import ForestDraft, setup_of
 from multispec.engine import Entries, Hypotheses, ModelRunner, Session
 from multispec.models.markov import HistoryLM, MarkovLM, random_markov_pair
+from multispec.tools.check import check_method
 from multispec.warp import Sampling
 from tests.wrong_rules import reversed_ratio_layer_verify
 

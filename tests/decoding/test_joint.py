@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from multispec import generate
-from multispec.check import check_method
 from multispec.drafting import BeamDraft, setup_of
 from multispec.engine import Session
 from multispec.models.markov import MarkovLM, random_markov_pair
+from multispec.tools.check import check_method
 from multispec.verify import joint_verify, rollback_verify
 from multispec.warp import Sampling
 
@@ -475,7 +475,7 @@ def test_mtjd_refuses_real_models_and_blocks_it_cannot_enumerate():
 
 
 def test_mtjd_stays_out_of_the_bench():
-    from multispec.bench import default_methods, parse_method_spec
+    from multispec.tools.bench import default_methods, parse_method_spec
 
     assert "mtjd" not in default_methods() and {"mtad", "mjsd", "bild"} <= set(default_methods())
     with pytest.raises(ValueError, match="only on MarkovLM"):

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from multispec import generate
-from multispec.check import check_method
 from multispec.decoding import get_method
 from multispec.decoding.tree import decode_mcsd
 from multispec.drafting import DraftChain, DraftTree, setup_of, top_children
 from multispec.engine import Entries, ModelRunner, Session
 from multispec.models.markov import random_markov_pair
+from multispec.tools.check import check_method
 from multispec.trees import MAX_TREE_NODES, TokenTree, parse_k_config
 from multispec.verify import Verdict
 from multispec.warp import Sampling

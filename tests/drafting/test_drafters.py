@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multispec import generate
-from multispec.check import check_method
 from multispec.drafting import Lookup, NgramIndex, Option, Proposal, Setup, Suffix, fixed_proposal, setup_of
 from multispec.drafting.length import EXPLORE, DraftLength
 from multispec.models.cost import _COSTS, ForwardCost, cost_key, forward_cost
 from multispec.models.markov import random_markov_pair
+from multispec.tools.check import check_method
 from multispec.trees import TokenTree
 from multispec.verify import recursive_rejection, tree_verify
 from multispec.warp import Sampling

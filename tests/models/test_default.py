@@ -133,7 +133,7 @@ def test_draft_with_an_embedding_table_padded_past_the_tokenizer(default_pair):
 
 @pytest.mark.slow
 def test_the_target_writes_its_own_prompts(default_pair):
-    from multispec.distill.teacher import self_written_prompts, user_turn_prefix
+    from multispec.tools.distill.teacher import self_written_prompts, user_turn_prefix
 
     target = default_pair.target
     prefix = user_turn_prefix(target.tokenizer)
@@ -160,7 +160,7 @@ def test_the_target_writes_its_own_prompts(default_pair):
 
 
 def test_self_prompts_need_a_chat_template(default_pair):
-    from multispec.distill.teacher import user_turn_prefix
+    from multispec.tools.distill.teacher import user_turn_prefix
 
     class NoTemplate:
         chat_template = None
@@ -175,8 +175,8 @@ def test_distill_holds_out_self_written_prompts(default_pair, tmp_path):
     # on them (the pool's held-out set does not track the chat distribution such a run aims at)
     import json
 
-    from multispec.distill import DistillConfig, TrainConfig, distill
-    from multispec.distill.teacher import load_rows
+    from multispec.tools.distill import DistillConfig, TrainConfig, distill
+    from multispec.tools.distill.teacher import load_rows
 
     target = default_pair.target
     cfg = DistillConfig(
@@ -207,7 +207,7 @@ def test_distill_holds_out_self_written_prompts(default_pair, tmp_path):
 
 
 def test_bfloat16_teacher_is_a_close_copy_of_the_target(default_pair_f32):
-    from multispec.distill import _teacher
+    from multispec.tools.distill import _teacher
 
     target = default_pair_f32.target
     assert _teacher(target, "float32") is target

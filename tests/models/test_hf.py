@@ -467,7 +467,7 @@ def test_compile_takes_true_false_invariant_or_fast():
     auto, fast = HFModel(model, None, name="tiny", compile=True), HFModel(model, None, name="tiny", compile="fast")
     assert auto.steps.kernel == fast.steps.kernel == "auto" and auto.compile and fast.compile
     assert auto.steps._exact is None and fast.steps._exact is False and fast.steps.resolve_kernel() == "auto"
-    from multispec.cli import _compile, build_parser
+    from multispec.entrypoints.cli import _compile, build_parser
 
     def compile_of(*flags):
         return _compile(build_parser().parse_args(["generate", "hi", *flags]))

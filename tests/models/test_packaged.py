@@ -47,7 +47,7 @@ def test_a_compiled_step_is_kept_on_disk_for_its_own_weights_and_a_damaged_one_i
     assert run(seed=9) == 1
 
     # past the size limit, a compile removes the least recently used packages (seed 10's, then seed 9's)
-    from multispec.cli import main
+    from multispec.entrypoints.cli import main
 
     size = package.stat().st_size
     monkeypatch.setenv("MULTISPEC_COMPILED_LIMIT_GB", str(1.5 * size / 1e9))
@@ -76,7 +76,7 @@ def put_package(folder: str, key: str) -> Path:
 
 
 def test_steps_of_another_compiled_graph_are_listed_stale_and_cleared(capsys):
-    from multispec.cli import main
+    from multispec.entrypoints.cli import main
 
     now = put_package("now", f"tiny|torch.float32|cpu|compiled|threads=2|step={static.STEP_VERSION}|weights=0")
     old = put_package("old", "tiny|torch.float32|cpu|compiled|threads=2|weights=0")

@@ -20,6 +20,8 @@ from .kernels import COMPILED_TOKENS, FAST, INVARIANT, INVARIANT_DPBF16, VARIANT
 
 
 class HFModel(LanguageModel):
+    keeps_measurements = True  # its cost curves are kept in this machine's store (`cost.forward_cost`)
+
     def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True, compile: bool | str = False):
         if compile not in (False, True, INVARIANT, FAST):
             raise ValueError(f"compile={compile!r}: False, True, {INVARIANT!r} or {FAST!r}")

@@ -1,0 +1,283 @@
+"""Draft training by distillation (`multispec distill`).
+
+    data     the target answers a prompt pool (teacher.py, prompts.py), keeping its distributions
+    model    a narrow Llama sliced from the target's first layers, or from its embeddings only (model.py)
+    train    KL to the target's distributions, checkpoints, resume, held-out evaluation (train.py)
+    eval     acceptance measures of any pair on held-out MT-Bench prompts (evaluate.py)
+
+Output folder layout: data/, heldout/ and heldout-self/ (teacher shards), on-policy/ (the draft's answers, scored by
+the target), checkpoint.pt, log.jsonl (training curve),
+draft/ (an ordinary transformers checkpoint of the draft, with the target's tokenizer).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .model import build_draft, draft_config, reshape_draft
+from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
+from .teacher import build_dataset, build_on_policy, existing_shards, load_rows, self_written_prompts
+from .train import TrainConfig, export, target_eval_probs, train
+
+__all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "distill", "mt_bench_prompts", "prompt_pool"]
+
+
+@dataclass
+class DistillConfig:
+    prompts: int = 768  # training prompts taken from the pool
+    self_prompts: int = 0  # training prompts the target writes itself (teacher.self_written_prompts)
+    heldout_prompts: int = 32  # pool prompts answered for the evaluation printed during training
+    gen_batch: int = 32
+    max_new_tokens: int = 160
+    hidden: int = 198
+    layers: int | None = None  # None: 4 for a new draft, unchanged for init_from
+    intermediate: int | None = None  # MLP width; None: the target's for a new draft, unchanged for init_from
+    heads: int | None = None  # None: the target's (the sliced initialisation needs the target's)
+    kv_heads: int | None = None
+    init: str = "sliced"  # or "embeddings"
+    teacher_dtype: str = "bfloat16"  # the target's copy that writes and answers the prompts; "float32": the target
+    # itself. bfloat16 generates faster where the CPU has bfloat16 instructions; its next-token distributions stay
+    # close to the float32 target's (measured: NOTES.md and the draft-d8 results folder)
+    on_policy: int = 0  # training prompts the draft answers itself before training (its answers scored by the target)
+    extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
+    init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/init unused; more
+    # layers or a narrower MLP reshape it, see model.reshape_draft)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def distill(
+    target, out: Path, cfg: DistillConfig, data_dir: Path | None = None, resume: bool = False, say=print, bar=None
+) -> dict:
+    """Generate (or reuse) the teacher data, build the draft, train it; returns the last evaluation."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "checkpoint.pt").exists() and not resume:
+        raise ValueError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
+    data_dir = data_dir or default_data_dir()
+    if cfg.init_from is not None:  # checked before the (long) generation
+        start = _load_draft(Path(cfg.init_from), target)
+        if (cfg.layers or 10**9) < start.config.num_hidden_layers or (
+            cfg.intermediate or 0
+        ) > start.config.intermediate_size:
+            raise ValueError(
+                f"--init-from {cfg.init_from} has {start.config.num_hidden_layers} layers with MLP "
+                f"{start.config.intermediate_size}; reshaping only adds layers and narrows the MLP"
+            )
+    extra = []
+    for folder in cfg.extra_data:
+        shards = existing_shards(Path(folder))
+        if not shards:
+            raise ValueError(f"--extra-data {folder} holds no teacher shards (shard-*.pt)")
+        extra += shards
+    extra_rows = load_rows(extra)
+    if extra_rows:
+        # earlier runs' pools may have held prompts that copy MT-Bench's wording: keep those out
+        contaminated = Contamination.mt_bench(data_dir)
+        kept = [r for r in extra_rows if not contaminated(target.tokenizer.decode(r["prompt_ids"].tolist()))]
+        say(
+            f"extra data: {len(kept)} answers from {len(extra)} shards ({len(extra_rows) - len(kept)} dropped: "
+            "their prompts share wording with MT-Bench)"
+        )
+        extra_rows = kept
+
+    teacher = _teacher(target, cfg.teacher_dtype)
+    # prompts the extra data already answers are not asked again, and cannot be held out
+    answered = {tuple(r["prompt_ids"].tolist()) for r in extra_rows}
+    pool = prompt_pool(data_dir, seed=cfg.train.seed)
+    if answered:  # tokenising the whole pool is only needed to match it against extra data
+        pool = [p for p in pool if tuple(target.encode(p, chat=True)) not in answered]
+    if len(pool) < cfg.prompts + cfg.heldout_prompts:
+        raise ValueError(
+            f"the prompt pool has {len(pool)} prompts not answered by --extra-data, fewer than "
+            f"--prompts {cfg.prompts} + {cfg.heldout_prompts} held out"
+        )
+    train_prompts = pool[: cfg.prompts]
+    heldout = pool[cfg.prompts : cfg.prompts + cfg.heldout_prompts]
+    heldout_self = []
+    if cfg.self_prompts:
+        # as many more are written and held out: the pool's held-out set does not track the chat
+        # distribution these prompts aim at
+        written = _self_prompts(teacher, out / "self-prompts.json", cfg, data_dir, say, bar)
+        train_prompts += written[: cfg.self_prompts]
+        heldout_self = written[cfg.self_prompts :]
+
+    def gen_progress(label):
+        return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
+
+    train_paths = build_dataset(
+        teacher,
+        train_prompts,
+        out / "data",
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed,
+        progress=gen_progress("teacher answers"),
+    )
+    held_paths = build_dataset(
+        teacher,
+        heldout,
+        out / "heldout",
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed + 10_000,
+        progress=gen_progress("held-out answers"),
+    )
+    self_paths = (
+        build_dataset(
+            teacher, heldout_self, out / "heldout-self", cfg.gen_batch, cfg.max_new_tokens, seed=cfg.train.seed + 30_000
+        )
+        if heldout_self
+        else []
+    )
+    train_rows, eval_rows = load_rows(train_paths) + extra_rows, load_rows(held_paths)
+    self_rows = load_rows(self_paths)
+    n_tokens = sum(len(r["ids"]) for r in train_rows)
+    say(
+        f"teacher data: {len(train_rows)} answers, {n_tokens} tokens; held out: {len(eval_rows)} answers"
+        + (f", and {len(self_rows)} to self-written prompts" if self_rows else "")
+    )
+    eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
+    more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
+
+    # the sliced init's residual basis and the reshape's MLP pruning are measured on the first training answers
+    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
+    if cfg.init_from is not None:
+        draft, how = start, f"from {cfg.init_from}"
+        layers = cfg.layers or start.config.num_hidden_layers
+        intermediate = cfg.intermediate or start.config.intermediate_size
+        if (layers, intermediate) != (start.config.num_hidden_layers, start.config.intermediate_size):
+            draft = reshape_draft(start, layers, intermediate, samples, seed=cfg.train.seed)
+            how += f", reshaped from {start.config.num_hidden_layers} layers with MLP {start.config.intermediate_size}"
+    else:
+        # a sliced draft inherits the target's whole MLP; a narrower one keeps the units that contribute most
+        prune = cfg.init == "sliced" and cfg.intermediate and cfg.intermediate < target.model.config.intermediate_size
+        config = draft_config(
+            target.model.config,
+            cfg.hidden,
+            cfg.layers or 4,
+            cfg.heads,
+            cfg.kv_heads,
+            intermediate=None if prune else cfg.intermediate,
+        )
+        draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
+        if prune:
+            draft = reshape_draft(draft, config.num_hidden_layers, cfg.intermediate, samples, seed=cfg.train.seed)
+        how = f"{cfg.init} init"
+    n_params = sum(p.numel() for p in draft.parameters())
+    say(
+        f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
+        f"{draft.config.intermediate_size} ({how}), "
+        f"{n_params / 1e6:.1f} M parameters"
+    )
+    if cfg.on_policy:
+        train_rows = train_rows + _on_policy_rows(draft, teacher, train_rows, out / "on-policy", cfg, say, gen_progress)
+    del teacher  # the held-out measures are against the target itself
+    step_bar = None if bar is None else bar("training")
+    last = train(
+        draft,
+        target.tokenizer,
+        train_rows,
+        eval_rows,
+        eval_probs,
+        out,
+        cfg.train,
+        resume=resume,
+        say=say,
+        progress=step_bar,
+        more_evals=more_evals,
+    )
+    export(draft, target.tokenizer, out / "draft")
+    say(f"draft saved to {out / 'draft'}")
+    return last
+
+
+def _on_policy_rows(
+    draft, teacher, train_rows: list[dict], folder: Path, cfg: DistillConfig, say, progress
+) -> list[dict]:
+    """The starting draft answers `cfg.on_policy` of the training prompts (a seeded choice, each prompt once)."""
+    prompts = list({tuple(r["prompt_ids"].tolist()): None for r in train_rows})
+    random.Random(cfg.train.seed + 40_000).shuffle(prompts)
+    chosen = [list(p) for p in prompts[: cfg.on_policy]]
+    paths = build_on_policy(
+        draft,
+        teacher,
+        chosen,
+        folder,
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed + 50_000,
+        progress=progress("draft answers"),
+    )
+    rows = load_rows(paths)
+    say(
+        f"on-policy data: the draft answered {len(chosen)} training prompts"
+        + (f" (all there are; {cfg.on_policy} asked)" if len(chosen) < cfg.on_policy else "")
+        + f", {len(rows)} answers of 2+ tokens, {sum(len(r['ids']) for r in rows)} tokens, scored by the target"
+    )
+    return rows
+
+
+def _teacher(target, dtype: str):
+    """The model that writes and answers the training prompts: the target, or a copy of it in `dtype`."""
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"teacher dtype must be bfloat16 or float32, got {dtype!r}")
+    if dtype == "float32" or getattr(target, "dtype", None) == getattr(torch, dtype):
+        return target
+    from ...models.hf import HFModel
+
+    model = copy.deepcopy(target.model).to(getattr(torch, dtype))
+    return HFModel(model, target.tokenizer, name=f"{target.name} ({dtype})", chat=target.use_chat_template)
+
+
+def _self_prompts(target, path: Path, cfg: DistillConfig, data_dir: Path, say, bar=None) -> list[str]:
+    """The target's own prompts (`self_prompts` for training, then `heldout_prompts` to hold out), written
+    once per run folder and saved after every batch (an interrupted run continues the writing; a resumed
+    one answers the same prompts)."""
+    wanted = cfg.self_prompts + cfg.heldout_prompts
+    state = json.loads(path.read_text()) if path.exists() else {}
+    if not state.get("done"):
+        contaminated = Contamination.mt_bench(data_dir)
+        update = bar("self-written prompts") if bar is not None else None
+
+        def save(s: dict) -> None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(s, indent=0))
+            os.replace(tmp, path)
+            if update is not None:
+                update(min(len(s["prompts"]), wanted), wanted)
+
+        prompts = self_written_prompts(
+            target,
+            wanted,
+            cfg.gen_batch,
+            seed=cfg.train.seed + 20_000,
+            keep=lambda text: not contaminated(text),
+            state=state,
+            on_batch=save,
+        )
+        state = {"done": True, "prompts": prompts}
+        save(state)
+    say(
+        f"self-written prompts: {len(state['prompts'])} (of {wanted} asked: {cfg.self_prompts} to train on, "
+        f"{cfg.heldout_prompts} to hold out), in {path}"
+    )
+    return state["prompts"]
+
+
+def _load_draft(folder: Path, target):
+    """A saved draft to continue training (float32), checked against the target's vocabulary."""
+    from transformers import AutoModelForCausalLM
+
+    if not (folder / "config.json").exists():
+        raise ValueError(f"--init-from {folder}: no config.json there (expected a saved draft folder)")
+    draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rows = draft.get_input_embeddings().weight.shape[0]
+    if rows < target.vocab_size:
+        raise ValueError(f"--init-from {folder}: its vocabulary has {rows} tokens, the target's {target.vocab_size}")
+    return draft
