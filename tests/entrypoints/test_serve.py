@@ -215,27 +215,34 @@ def test_wrong_http_method_and_openai_client_errors(server):
         server.client().completions.create(model="multispec", prompt="hi", extra_body={"method": "nope"})
 
 
-def test_full_queue_answers_429_and_a_client_leaving_cancels_its_generation(default_pair, server):
-    small = Running(default_pair, max_queue=0)  # the shared server is idle meanwhile: one generation at a time
+@pytest.mark.parametrize("rows", [1, 2])
+def test_full_queue_answers_429_and_a_client_leaving_cancels_its_generation(default_pair, server, rows):
+    # the shared server is idle meanwhile; `rows` generations decode at once (2: in one batch), none may wait
+    small = Running(default_pair, max_queue=0, batch_rows=rows)
     try:
         client = small.client()
-        stream = client.completions.create(
-            model="multispec",
-            prompt="Count to a thousand:",
-            max_tokens=1000,
-            temperature=1,
-            stream=True,
-            extra_body={"method": "ar"},
-        )
-        next(iter(stream))  # the generation is running
+        streams = [
+            client.completions.create(
+                model="multispec",
+                prompt="Count to a thousand:",
+                max_tokens=1000,
+                temperature=1,
+                stream=True,
+                extra_body={"method": "ar"},
+            )
+            for _ in range(rows)
+        ]
+        for stream in streams:
+            next(iter(stream))  # the generations are running
         with pytest.raises(openai.RateLimitError, match="busy"):
             client.completions.create(model="multispec", prompt="hi", max_tokens=4, extra_body={"method": "ar"})
-        stream.close()  # the client leaves: its 1000-token generation (a minute) must end within seconds
+        for stream in streams:
+            stream.close()  # the clients leave: their 1000-token generations (minutes) must end within seconds
         deadline = time.time() + 20
         while json.loads(small.request("GET", "/health")[1])["waiting"]:
-            assert time.time() < deadline, "the abandoned generation was not cancelled"
+            assert time.time() < deadline, "an abandoned generation was not cancelled"
             time.sleep(0.1)
-        assert small.metric("multispec_requests_cancelled_total") == 1
+        assert small.metric("multispec_requests_cancelled_total") == rows
         done = client.completions.create(model="multispec", prompt="hi", max_tokens=4, extra_body={"method": "ar"})
         assert done.usage.completion_tokens >= 1
     finally:
@@ -292,12 +299,14 @@ def test_load_8_streaming_clients_x_4_requests(server):
 
 
 def test_a_failure_inside_generation_is_a_500_without_traceback(server, monkeypatch):
+    import multispec.api
     import multispec.entrypoints.serve
 
     def broken(*args, **kwargs):
         raise RuntimeError("a secret internal detail")
 
     monkeypatch.setattr(multispec.entrypoints.serve, "generate", broken)
+    monkeypatch.setattr(multispec.api, "generate", broken)  # (batched requests call it through the batch)
     got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
     assert got == 500 and json.loads(text)["error"]["message"] == "internal error (RuntimeError)"
     assert "secret" not in text and "Traceback" not in text
@@ -318,12 +327,14 @@ def test_a_server_default_method_that_needs_a_missing_draft_is_refused(default_p
 
 
 def test_a_value_error_inside_generation_is_a_500_that_names_only_its_type(server, monkeypatch):
+    import multispec.api
     import multispec.entrypoints.serve
 
     def broken(*args, **kwargs):
         raise ValueError("a secret internal detail")
 
     monkeypatch.setattr(multispec.entrypoints.serve, "generate", broken)
+    monkeypatch.setattr(multispec.api, "generate", broken)  # (batched requests call it through the batch)
     got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
     assert got == 500 and json.loads(text)["error"]["message"] == "internal error (ValueError)"
     assert "secret" not in text
