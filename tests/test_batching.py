@@ -135,3 +135,29 @@ def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair
         assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
     finally:
         batcher.close()
+
+
+def _row_logits(model, prompts, rows_together: int):
+    """Row 0's logits for a one-token step, after each prompt was fed into its own row, scored in one
+    batched forward with the first `rows_together` rows."""
+    cache = model.new_batch_cache(len(prompts), 256)
+    views = [static.RowKV(cache, r) for r in range(len(prompts))]
+    for view, prompt in zip(views, prompts, strict=True):
+        model.forward(view, torch.tensor([prompt]))
+    feeds = [(r, views[r], torch.tensor([9 + r]), None, None, 0) for r in range(rows_together)]
+    return model.forward_rows(cache, feeds)[0]
+
+
+def test_a_rows_logits_in_bfloat16_do_not_depend_on_the_other_rows(monkeypatch):
+    # the bits themselves: row 0 scored alone and with three other rows of other lengths; the known-wrong variant
+    # (steps not padded to `batch_rows`, so the products' kernels change with the row count) must differ
+    from tests.models.helpers import _bf16_llama
+
+    model = _bf16_llama()
+    prompts = [PROMPTS[3] * 3, PROMPTS[0], PROMPTS[1] * 2, PROMPTS[4]]
+    assert torch.equal(_row_logits(model, prompts, 1), _row_logits(model, prompts, 4))
+    monkeypatch.setattr(type(model), "batch_rows", property(lambda self: 1))
+    if torch.equal(_row_logits(model, prompts, 1), _row_logits(model, prompts, 4)):
+        pytest.skip(
+            "this machine's bfloat16 products give the same bits for any row count: the wrong variant shows nothing"
+        )
