@@ -13,6 +13,7 @@ _EXPORTS = {
     "Result": "result",
     "Stats": "result",
     "generate": "api",
+    "generate_batch": "api",
     "load_model": "api",
     "load_pair": "api",
     "METHODS": "decoding",

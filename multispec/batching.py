@@ -25,12 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .models.base import LanguageModel
 from .models.static import RowKV
 
 WAIT_SECONDS = 0.02  # how long the scheduler waits for the other rows' feeds once one is waiting
+GAP_SECONDS = 1.0  # a longer pause between two batched forwards is an idle batch, not the rows' work
+HOLD_SECONDS = 1.0  # the longest a row's target feed is held back while other rows draft (see `_schedule`)
 PROMPT_TOKENS = 64  # a feed of more new tokens than this (a prompt) runs alone, not padded into the batch
 
 
@@ -47,8 +50,55 @@ class _Feed:
     cache: Any
     args: tuple
     done: threading.Event = field(default_factory=threading.Event)
+    since: float = field(default_factory=time.monotonic)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+
+
+class RowLoad:
+    """A row's view of its batch for `gamma=auto` (`DraftLength.load`), so that the rows choose their drafts
+    together (`../shared/specs/batching.md` section 4, for a padded batch: every row is as wide as the widest,
+    so the choice is one draft length for all). It prices an iteration as the batch's: one target forward over
+    every active row `width` entries wide (padded to `batch_rows`) and draft forwards over every row, from the
+    models' measured cost curves T(k, c) at k = rows x width; and it adds the tokens the other rows are expected
+    to commit at that length, from the acceptance each published after its last verification (a row that has
+    not drafted counts one token). As rows join, a draft position must lift every row's tokens enough to pay
+    for a wider batch, so drafting shrinks, down to none. Everything it reads is past (other rows' records, the
+    count of rows), never this iteration's target, so each row's output law stays the target's."""
+
+    def __init__(self, batcher: Batcher, row: int):
+        self._batcher, self._row = batcher, row
+
+    @property
+    def rows(self) -> int:
+        return max(1, len(self._batcher._active))
+
+    def target_curve(self, cost, most: int, context: int | None) -> list[float]:
+        """[batch forward seconds with every row w entries wide, w = 0 .. most]. (`cost`, one sequence's curve,
+        is not used: a batch's step is priced from its own, `Batcher.curve`.)"""
+        batcher = self._batcher
+        rows, floor, scale, gap = self.rows, batcher.floors["target"], batcher.scale["target"], batcher.gap
+        full = batcher.curve("target").curve(_padded(rows * most, floor))
+        return [0.0] + [scale * float(full[_padded(rows * w, floor)]) + gap for w in range(1, most + 1)]
+
+    def draft_step(self, cost, width: int, context: int | None) -> float:
+        """Seconds of one draft forward over every row, `width` entries wide."""
+        batcher = self._batcher
+        entries = _padded(self.rows * width, batcher.floors["draft"])
+        return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
+
+    def others(self, most: int) -> list[float]:
+        """[the other active rows' expected committed tokens when each drafts g, g = 0 .. most]."""
+        total = np.zeros(most + 1)
+        for row in list(self._batcher._active):
+            if row != self._row:
+                expected = self._batcher._expected.get(row)
+                total += 1.0 if expected is None else expected[np.minimum(np.arange(most + 1), len(expected) - 1)]
+        return total.tolist()
+
+    def publish(self, rates: list[float]) -> None:
+        """This row's acceptance per draft position, for the other rows' choices."""
+        self._batcher._expected[self._row] = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(rates))))
 
 
 class RowModel(LanguageModel):
@@ -58,6 +108,8 @@ class RowModel(LanguageModel):
     def __init__(self, batcher: Batcher, role: str, model, row: int):
         self._batcher, self._role, self._model, self._row = batcher, role, model, row
         self._row_cache: RowKV | None = None
+        if role == "target" and batcher.batched:
+            self.batch_load = RowLoad(batcher, row)
         # what `LanguageModel` gives defaults for is read from the model, not the defaults
         for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
             setattr(self, name, getattr(model, name))
@@ -73,7 +125,7 @@ class RowModel(LanguageModel):
         return None  # a batch's steps run eagerly: nothing to settle
 
     def new_cache(self):
-        if self._row_cache is None:
+        if self._row_cache is None and self._role in self._batcher.caches:
             self._row_cache = self._batcher._row_cache(self._role, self._row)
             return self._row_cache
         return self._model.new_cache()  # another cache (scoring the output afterwards): its forwards run alone
@@ -109,7 +161,10 @@ class Batcher:
     """Continuous batching for one model pair (see the module note).
 
     Args:
-        target, draft: `HFModel`s with a static cache (draft may be None).
+        target, draft: the models (draft may be None). `HFModel`s with a static cache decode in one forward
+            over the rows; other models (the exact test models, a dynamic cache) keep a cache per sequence, and
+            the scheduler runs their forwards one after another, so that the batch's logic (rows joining and
+            leaving, per-row random streams) runs, and is checked, on every `LanguageModel`.
         rows: sequences decoded at once; a generation that finds every row taken waits for one.
         capacity: entries a row holds (prompt, output and the drafts of one iteration).
         tokenizer_lock: held around the tokenizer (a fast tokenizer must not be used by two threads at once).
@@ -130,16 +185,27 @@ class Batcher:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         self.models = {"target": target, "draft": draft}
-        for role, model in self.models.items():
-            if model is not None and not getattr(model, "static", False):
-                raise ValueError(f"the {role} {model.name} cannot decode in a batch: it has no static cache")
+        given = {role: model for role, model in self.models.items() if model is not None}
+        # whether every model decodes in batched forwards (else each sequence keeps caches of its own)
+        self.batched = all(getattr(m, "static", False) and hasattr(m, "forward_rows") for m in given.values())
         self.rows, self.capacity = rows, capacity
         # the row's entries: a prompt and output up to `capacity`, plus a step's padding past them
-        self.caches = {
-            role: model.new_batch_cache(rows, capacity + PROMPT_TOKENS + 64)
-            for role, model in self.models.items()
-            if model is not None
-        }
+        self.caches = (
+            {role: model.new_batch_cache(rows, capacity + PROMPT_TOKENS + 64) for role, model in given.items()}
+            if self.batched
+            else {}
+        )
+        # the rows a batched step is padded to, per model (`HFModel.batch_rows`): what prices its forward
+        self.floors = {role: (model.batch_rows, model.min_rows) for role, model in given.items() if self.batched}
+        self._expected: dict[int, np.ndarray] = {}  # per row: expected tokens at draft length 0, 1, ... (`RowLoad`)
+        # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
+        # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched
+        # forwards (the rows' own work: verifying, sampling drafts, committing)
+        self.curves: dict[str, Any] = {}
+        self._curves_lock = threading.Lock()
+        self.scale = {"target": 1.0, "draft": 1.0}
+        self.gap = 0.0
+        self._last_end: float | None = None
         self.tokenizer_lock = tokenizer_lock or threading.Lock()
         self._lock = threading.Condition()
         self._free = list(range(rows))
@@ -166,7 +232,7 @@ class Batcher:
                 prompt = _prompt_ids(self.models["target"], prompt, kwargs.pop("chat", True))
         # a row holds the prompt, the output and one iteration's drafts; a request that may need more runs alone
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-        if not _one_row(*parse_method(method), kwargs) or room > self.capacity:
+        if self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity):
             return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
         row = self._take_row(kwargs.get("cancel"))
         if row is None:
@@ -196,6 +262,18 @@ class Batcher:
             self._lock.notify_all()
         self._thread.join(timeout=30)
 
+    def curve(self, role: str):
+        """The batched step's cost curve of a model (`batch_forward_cost`), measured on the scheduler's thread
+        the first time a row asks (then read from this machine's store)."""
+        if role not in self.curves:
+            with self._curves_lock:
+                if role not in self.curves:
+                    from .models.cost import batch_forward_cost
+
+                    model = self.models[role]
+                    self.curves[role] = self.alone(lambda: batch_forward_cost(model, role == "target"))
+        return self.curves[role]
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this batch is closed")
@@ -216,6 +294,7 @@ class Batcher:
     def _give_row(self, row: int) -> None:
         with self._lock:
             self._active.discard(row)
+            self._expected.pop(row, None)
             self._free.append(row)
             self._free.sort()
             for cache in self.caches.values():
@@ -249,7 +328,7 @@ class Batcher:
                     return
                 # once a feed waits, give the other active rows a moment to send theirs (they verify between
                 # forwards): a fuller batch costs about what a thin one does
-                deadline = time.monotonic() + WAIT_SECONDS
+                deadline = time.monotonic() + (WAIT_SECONDS if self.batched else 0.0)
                 while (
                     not self._alone
                     and len({f.row for f in self._waiting if f.row is not None}) < len(self._active)
@@ -267,8 +346,27 @@ class Batcher:
                     self._run(feed, lambda f=feed: self.models[f.role].forward(f.cache, *f.args))
                 else:
                     batched.setdefault(feed.role, []).append(feed)
+            held = self._hold(batched)
             for role, group in batched.items():
                 self._run_rows(role, group)
+            if held:
+                with self._lock:
+                    self._waiting[:0] = held
+
+    @staticmethod
+    def _hold(batched: dict[str, list[_Feed]]) -> list[_Feed]:
+        """The target feeds to hold back while other rows still draft: a row that drafts sends its chain to the
+        target after a few cheap draft forwards, and one target forward over every row costs about what one
+        over a few rows does (the step is padded to `batch_rows`), so the target waits for them (at most
+        `HOLD_SECONDS` a feed). Removes them from `batched` and returns them."""
+        if "draft" not in batched or "target" not in batched:
+            return []
+        now = time.monotonic()
+        held = [f for f in batched["target"] if now - f.since < HOLD_SECONDS]
+        batched["target"] = [f for f in batched["target"] if now - f.since >= HOLD_SECONDS]
+        if not batched["target"]:
+            del batched["target"]
+        return held
 
     def _run(self, feed: _Feed, work: Callable[[], Any]) -> None:
         try:
@@ -300,6 +398,9 @@ class Batcher:
         group = fit
         if not group:
             return
+        rows, width = 1 + max(f.row for f in group), max(f.args[0].shape[-1] for f in group)
+        if self._last_end is not None and t0 - self._last_end < GAP_SECONDS:
+            self.gap = 0.8 * self.gap + 0.2 * (t0 - self._last_end)
         try:
             out = model.forward_rows(self.caches[role], feeds)
             for f, logits in zip(group, out, strict=True):
@@ -307,11 +408,23 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - every generation of the step gets it
             for f in group:
                 f.error = e
+        seconds = time.perf_counter() - t0
         self.stats["forwards"] += 1
         self.stats["rows"] += len(group)
-        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["seconds"] += seconds
+        curve = self.curves.get(role)
+        if curve is not None:
+            ratio = seconds / max(curve(_padded(rows * width, self.floors[role])), 1e-9)
+            self.scale[role] = 0.8 * self.scale[role] + 0.2 * min(4.0, max(0.25, ratio))
+        self._last_end = time.perf_counter()
         for f in group:
             f.done.set()
+
+
+def _padded(entries: int, floors: tuple[int, int]) -> int:
+    """The entries a batched step of `entries` new entries in all computes (`HFModel.forward_rows`)."""
+    batch_rows, min_rows = floors
+    return entries if entries == 1 and min_rows == 1 else max(entries, batch_rows)
 
 
 def _one_row(method: str, given: dict, kwargs: dict) -> bool:

@@ -5,6 +5,7 @@ shared by the rows, a verdict committed to another row's cache) fail the same ch
 import random
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -161,3 +162,108 @@ def test_a_rows_logits_in_bfloat16_do_not_depend_on_the_other_rows(monkeypatch):
         pytest.skip(
             "this machine's bfloat16 products give the same bits for any row count: the wrong variant shows nothing"
         )
+
+
+# -- the batch's draft length (`RowLoad`) ----------------------------------------------------------------------
+
+
+def _batch_of(rows: int, rates: list[float]):
+    """A stand-in batch of `rows` active rows, each having published `rates`, priced by a compute-bound curve
+    (a batched step of n entries costs 0.1 + 0.01 n seconds; a draft step 0.01 + 0.002 n)."""
+    from multispec.batching import RowLoad
+    from multispec.models.cost import ForwardCost
+
+    tokens = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    curves = {
+        "target": ForwardCost((tuple(0.1 + 0.01 * n for n in tokens),), tokens=tokens),
+        "draft": ForwardCost((tuple(0.01 + 0.002 * n for n in tokens),), tokens=tokens),
+    }
+    batch = SimpleNamespace(
+        _active=set(range(rows)),
+        _expected={},
+        floors={"target": (1, 1), "draft": (1, 1)},
+        scale={"target": 1.0, "draft": 1.0},
+        gap=0.0,
+        curve=curves.__getitem__,
+    )
+    loads = [RowLoad(batch, row) for row in range(rows)]
+    for load in loads:
+        load.publish(rates)
+    return loads[0]
+
+
+def test_drafting_shrinks_as_the_batch_fills_down_to_none():
+    from multispec.drafting.base import Option
+    from multispec.drafting.length import EXPLORE, DraftLength
+    from multispec.models.cost import ForwardCost
+
+    def chosen(rows):
+        load = _batch_of(rows, [0.7] * 10)
+        c = DraftLength(ForwardCost((1.0,)), ForwardCost((1.0,)), max_gamma=6, load=load)
+        for _ in range(EXPLORE + 40):
+            c.observe("model", 6, 4)  # about 0.7 accepted per position, as the other rows published
+        return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
+
+    lengths = [chosen(rows) for rows in (1, 4, 16, 64)]
+    assert lengths[0] >= 3, lengths  # alone, a wide chain is nearly free
+    assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
+
+
+def test_the_batch_prices_what_the_other_rows_commit():
+    # the other rows' published acceptance is part of the choice: rows that accept nothing make a wider step a
+    # loss for the whole batch even where this row's own record would pay for it
+    load = _batch_of(8, [0.0] * 10)
+    assert load.others(3) == [7.0, 7.0, 7.0, 7.0]
+    good = _batch_of(8, [0.5] * 10)
+    assert good.others(2) == pytest.approx([7.0, 7 * 1.5, 7 * 1.75])
+
+
+# -- the law of a batch's rows, on the exact test models ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "method, params",
+    [("sd", {"gamma": "auto", "drafter": "hybrid"}), ("mcsd", {"k_config": "2x2"}), ("batch-sd", {"drafts": 2})],
+)
+def test_rows_of_a_batch_follow_the_target_law(method, params):
+    from multispec.tools.check import check_method
+
+    report = check_method(method, runs=3000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, **params)
+    assert report.passed, report.pairs
+
+
+@pytest.mark.slow
+def test_rows_sharing_one_random_stream_fail_the_law(monkeypatch):
+    # known-wrong: every row of a batch draws from the same stream (the same seed), so the rows' outputs are one
+    # sample repeated, not independent ones; the same check must reject it
+    from multispec.tools.check import check_method
+
+    original = Batcher.generate
+
+    def shared(self, prompt, method=None, **kwargs):
+        kwargs["seed"] = kwargs["seed"] - kwargs["seed"] % 8
+        return original(self, prompt, method, **kwargs)
+
+    monkeypatch.setattr(Batcher, "generate", shared)
+    report = check_method("sd", runs=3000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2)
+    assert not report.passed, report.pairs
+
+
+def test_generate_batch_gives_each_prompt_the_output_generate_gives_it(pair):
+    from multispec import generate_batch
+
+    got = generate_batch(*pair, PROMPTS, "sd:gamma=3", max_new_tokens=8, temperature=1.0, seed=40, score=False)
+    want = [
+        generate(*pair, p, "sd:gamma=3", max_new_tokens=8, temperature=1.0, seed=40 + i, score=False).token_ids
+        for i, p in enumerate(PROMPTS)
+    ]
+    assert [r.token_ids for r in got] == want
+    greedy = generate_batch(*pair, PROMPTS, "sd:gamma=auto,drafter=hybrid", max_new_tokens=8, temperature=0)
+    assert [r.token_ids for r in greedy] == [
+        generate(*pair, p, "ar", max_new_tokens=8, temperature=0, score=False).token_ids for p in PROMPTS
+    ]
+    with pytest.raises(ValueError, match="non-empty list"):
+        generate_batch(*pair, [], "ar")
+    with pytest.raises(ValueError, match="rows must be"):
+        generate_batch(*pair, PROMPTS, "ar", rows=0)

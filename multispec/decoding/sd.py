@@ -39,6 +39,7 @@ def decode(
         forward_cost(s.draft_model, batch_invariant=False) if s.draft_model is not None else None,
         overhead=OVERHEAD_PRIOR,
         plain_overhead=PLAIN_OVERHEAD_PRIOR,
+        load=getattr(s.target_model, "batch_load", None),
     )
     auto = AutoLength(
         proposer, controller, setup_of(s), lambda context: len(context) - s.target.committed, s.one_time_seconds

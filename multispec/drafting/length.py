@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..models.cost import MAX_AUTO_GAMMA, ForwardCost
 from ..verify.verdict import Verdict
@@ -51,6 +52,9 @@ class DraftLength:
     plain_overhead: float = 0.0
     tries: dict[str, list[float]] = field(default_factory=dict)
     accepts: dict[str, list[float]] = field(default_factory=dict)
+    # a sequence decoded in a batch (`multispec.batching.RowLoad`): prices are the batch's iteration and the
+    # tokens all its rows commit, so that drafting shrinks as the batch fills
+    load: Any = None
 
     def rates(self, key: str) -> list[float]:
         tries = self.tries.get(key, [0.0] * self.max_gamma)
@@ -64,15 +68,28 @@ class DraftLength:
         been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
         costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
+        load = self.load
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
-        target = self.target_cost.curve(target_pending + longest, tokens).tolist()
+        if load is None:
+            target = self.target_cost.curve(target_pending + longest, tokens).tolist()
+            others = [0.0] * (longest + 1)
+        else:  # the batch's forward with every row this wide, and what the other rows commit then
+            target = load.target_curve(self.target_cost, target_pending + longest, tokens)
+            others = load.others(longest)
         best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead)
+        best_rate = (1.0 + others[0]) / best.seconds
         for option in options:
             a = self.rates(option.key)
             catch_up = 0
             if option.runner is not None and self.draft_cost is not None:
                 catch_up = max(1, tokens - option.runner.committed)
-                first, later = self.draft_cost(catch_up, tokens), self.draft_cost(1, tokens)
+                if load is None:
+                    first, later = self.draft_cost(catch_up, tokens), self.draft_cost(1, tokens)
+                else:
+                    first, later = (
+                        load.draft_step(self.draft_cost, catch_up, tokens),
+                        load.draft_step(self.draft_cost, 1, tokens),
+                    )
             survive, expected = 1.0, 1.0
             for g in range(1, min(option.length, self.max_gamma) + 1):
                 survive *= a[g - 1]
@@ -82,8 +99,8 @@ class DraftLength:
                     seconds += first + (g - 1) * later
                 if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
                     return Plan(option, 1, expected, seconds)
-                if expected / seconds > best.tokens / best.seconds:
-                    best = Plan(option, g, expected, seconds)
+                if (expected + others[g]) / seconds > best_rate:
+                    best, best_rate = Plan(option, g, expected, seconds), (expected + others[g]) / seconds
         return best
 
     def observe(self, key: str, drafted: int, accepted: int) -> None:
@@ -93,6 +110,8 @@ class DraftLength:
             tries[i] += 1
         for i in range(accepted):
             accepts[i] += 1
+        if self.load is not None:
+            self.load.publish(self.rates(key))
 
 
 class AutoLength(Drafter):

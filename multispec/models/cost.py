@@ -284,6 +284,71 @@ def measure_forward_cost(
     return ForwardCost(tuple(rows), contexts, tokens, padded)
 
 
+# a batched step's shapes measured (rows, new entries per row) and the entries each row holds meanwhile: the
+# entries in all (rows x width, 1 .. 64) set what its linear maps cost, and they dominate it
+BATCH_SHAPES = ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (8, 8))
+BATCH_CONTEXT = 256
+
+
+@torch.inference_mode()
+def batch_forward_cost(model, batch_invariant: bool = True) -> ForwardCost:
+    """T(n) of a batched step (`HFModel.forward_rows`: rows of their own, padded as a batch pads them) over n
+    new entries in all, for n in 1, 2, 4, ... 64 (`BATCH_SHAPES`), each row holding `BATCH_CONTEXT` entries;
+    measured once per model and machine (about ten forwards per shape, seconds), kept like `forward_cost`.
+    A batch's step costs more than one sequence's forward over as many tokens (another layout of the same
+    products, a mask per row), so the batch's draft length is priced from this curve, not from T(k, c)."""
+    key = cost_key(model, batch_invariant=batch_invariant) + "|batch"
+    tokens = tuple(rows * width for rows, width in BATCH_SHAPES)
+    if key in _COSTS:
+        return _COSTS[key]
+    store = store_path() if _persistent(model) else None
+    saved = read_store(store).get(key) if store is not None else None
+    if isinstance(saved, dict) and saved.get("tokens") == list(tokens) and saved.get("contexts") == [BATCH_CONTEXT]:
+        _COSTS[key] = ForwardCost(tuple(map(tuple, saved["seconds"])), (BATCH_CONTEXT,), tokens)
+        return _COSTS[key]
+    from .static import RowKV
+
+    t0 = time.perf_counter()
+    most = max(rows for rows, _ in BATCH_SHAPES)
+    widest = max(width for _, width in BATCH_SHAPES)
+    cache = model.new_batch_cache(most, BATCH_CONTEXT + widest + 64)
+    views = [RowKV(cache, row) for row in range(most)]
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(model.vocab_size, (1, BATCH_CONTEXT + widest), generator=gen).to(model.device)
+    model.forward(views[0], ids[:, :BATCH_CONTEXT], logits_to_keep=1)
+    for view in views[1:]:  # the other rows hold the same entries (the cost does not depend on which)
+        for buffers in (cache.keys, cache.values):
+            for b in buffers:
+                b[view.row].copy_(b[0])
+        cache.positions[view.row].copy_(cache.positions[0])
+        view.length = BATCH_CONTEXT
+
+    def step(rows: int, width: int) -> float:
+        feeds = [(row, views[row], ids[0, BATCH_CONTEXT : BATCH_CONTEXT + width], None, None, 1) for row in range(rows)]
+        _sync(model)
+        start = time.perf_counter()
+        model.forward_rows(cache, feeds)
+        _sync(model)
+        for view in views[:rows]:
+            view.length = BATCH_CONTEXT
+        return time.perf_counter() - start
+
+    for shape in BATCH_SHAPES:  # warm-up
+        step(*shape)
+    times: list[list[float]] = [[] for _ in BATCH_SHAPES]
+    for _ in range(3):
+        for j, shape in enumerate(BATCH_SHAPES):
+            times[j].append(step(*shape))
+    row = [statistics.median(t) for t in times]
+    row = tuple(max(row[: j + 1]) for j in range(len(row)))  # more entries never cost less
+    cost = ForwardCost((row,), (BATCH_CONTEXT,), tokens)
+    machine.calibration_seconds += time.perf_counter() - t0
+    _COSTS[key] = cost
+    if store is not None:
+        write_store_entry(store, key, {"contexts": [BATCH_CONTEXT], "tokens": list(tokens), "seconds": [list(row)]})
+    return cost
+
+
 def bucket_route(rows: list[list[float]], tokens: tuple[int, ...], padded: int) -> dict[int, int]:
     """For each bucket of padded forwards, the bucket at least as large whose forward cost least (seconds
     averaged over the counts measured in a bucket, which all ran its graph, and over the contexts); only

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
-from ..api import generate
+from ..api import generate, generate_batch
 from ..models.markov import random_history_pair, random_markov_pair
 from ..warp import Sampling
 
@@ -82,8 +82,12 @@ def check_method(
     concentration: float = 1.0,
     models: str = "markov",
     progress: bool = False,
+    batch: int = 0,
     **method_params,
 ) -> CheckReport:
+    """`runs` outputs of `method` on each of `pairs` random pairs, against the exact law (module note). `batch`:
+    the runs decoded that many at a time, together (`generate_batch`: the rows of a batch, each with its own
+    random stream), so that the law is checked as batched serving produces it."""
     if runs < 1 or pairs < 1 or vocab < 2 or n_tokens < 1:
         raise ValueError("runs and pairs must be >= 1, vocab >= 2 and n_tokens >= 1")
     sampling = Sampling(temperature, top_k, top_p)
@@ -105,25 +109,21 @@ def check_method(
         _, exact = target.sequence_distribution(prompt, n_tokens, sampling)
         counts = np.zeros(vocab**n_tokens, dtype=np.int64)
         weights = vocab ** np.arange(n_tokens - 1, -1, -1)
-        for r in range(runs):
-            out = generate(
-                target,
-                draft,
-                prompt,
-                method=method,
-                max_new_tokens=n_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=pair_seed * 10**7 + r,
-                score=False,
-                **method_params,
-            ).token_ids
-            if len(out) != n_tokens:
-                raise AssertionError(f"{method} returned {len(out)} tokens, expected {n_tokens}")
-            counts[int(np.dot(out, weights))] += 1
+        args = dict(max_new_tokens=n_tokens, temperature=temperature, top_k=top_k, top_p=top_p, score=False)
+        for start in range(0, runs, max(1, batch)):
+            first = pair_seed * 10**7 + start
+            if batch:
+                size = min(batch, runs - start)
+                prompts = [prompt] * size
+                outs = generate_batch(target, draft, prompts, method, seed=first, rows=size, **args, **method_params)
+            else:
+                outs = [generate(target, draft, prompt, method=method, seed=first, **args, **method_params)]
+            for out in outs:
+                if len(out.token_ids) != n_tokens:
+                    raise AssertionError(f"{method} returned {len(out.token_ids)} tokens, expected {n_tokens}")
+                counts[int(np.dot(out.token_ids, weights))] += 1
             if bar is not None:
-                bar.update()
+                bar.update(len(outs))
         probs = exact.numpy()
         if (counts[probs == 0] > 0).any():
             chi2, dof, p = float("inf"), int((probs > 0).sum()) - 1, 0.0

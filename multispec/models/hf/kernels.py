@@ -125,11 +125,11 @@ def invariant_rows(model, most: int = MOST_ROWS_CHECKED) -> int:
             x = torch.randn(1, most, width, generator=gen).to(some.device, module.weight.dtype)
             full = module(x)
             for rows in range(most - 1, fewest - 1, -1):  # down from the top: the first that differs bounds it
-                # every row once, in products of `rows` rows (whether the order changes a rounding depends on
-                # the numbers, so one product is not enough to see it)
-                if any(
-                    not torch.equal(module(x[:, i : i + rows]), full[:, i : i + rows]) for i in range(0, most, rows)
-                ):
+                # every row at least once, in products of exactly `rows` rows (whether the order changes a rounding
+                # depends on the numbers, so one product is not enough to see it; a shorter last product would
+                # test another row count)
+                starts = [*range(0, most - rows + 1, rows), most - rows]
+                if any(not torch.equal(module(x[:, i : i + rows]), full[:, i : i + rows]) for i in starts):
                     fewest = rows + 1
                     break
         _INVARIANT_ROWS[key] = fewest

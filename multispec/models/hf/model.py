@@ -375,7 +375,9 @@ class HFModel(LanguageModel):
     @property
     def batch_rows(self) -> int:
         """Rows (batch rows x new tokens) a step over a batch is padded to: `invariant_rows`, in every dtype, so
-        that a sequence's logits do not depend on which others were decoded with it."""
+        that a sequence's logits do not depend on which others were decoded with it. One exception, where single
+        steps are not padded either (`min_rows` 1: float32): a step of one token of one row runs unpadded, as
+        `generate` runs it, so that a lone request is not charged for the batch it is not in."""
         if self._batch_rows is None:
             with self._eager_kernels():
                 self._batch_rows = invariant_rows(self.model)
@@ -409,7 +411,8 @@ class HFModel(LanguageModel):
                 view = getattr(cache, "views", {}).get(row)
                 lengths[row] = view.length if view is not None else 0
         width = max(t.numel() for _, t, _, _ in given)
-        width = max(width, -(-self.batch_rows // rows))
+        if rows * width > 1 or self.min_rows > 1:  # (see `batch_rows`)
+            width = max(width, -(-self.batch_rows // rows))
         if int(lengths.max()) + width > cache.capacity:
             raise ValueError(f"a sequence in this batch would hold more than {cache.capacity} entries")
         inputs = row_inputs(rows, lengths, given, width, cache.positions[:rows], self.sliding_window, self.mixed_layers)
