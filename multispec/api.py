@@ -278,6 +278,7 @@ def generate_batch(
     method: str = DEFAULT_METHOD,
     seed: int | None = 0,
     rows: int | None = None,
+    on_result: Callable[[int, Result], None] | None = None,
     **kwargs,
 ) -> list[Result]:
     """`generate` for many prompts, decoded together: continuous batching (`multispec.Batcher`), one cache row
@@ -289,6 +290,8 @@ def generate_batch(
         seed: prompt i is seeded `seed + i` (so its output is the one `generate` gives with that seed, at
             temperature 0 always and at any temperature with a fixed draft length); None: fresh seeds.
         rows: at most this many sequences at once (default: all of them, up to `MAX_BATCH`).
+        on_result: called with (i, prompt i's `Result`) as each ends, from the thread that decoded it (so that a
+            caller can keep finished work before the last ends).
         **kwargs: `generate`'s other arguments (`max_new_tokens`, `temperature`, `chat`, method parameters...).
 
     Returns:
@@ -319,11 +322,15 @@ def generate_batch(
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
     batcher = Batcher(target, draft, rows=rows, capacity=capacity)
     try:
+
+        def one(i: int) -> Result:
+            result = batcher.generate(ids[i], method, seed=None if seed is None else seed + i, **kwargs)
+            if on_result is not None:
+                on_result(i, result)
+            return result
+
         with ThreadPoolExecutor(rows, thread_name_prefix="multispec-row") as pool:
-            futures = [
-                pool.submit(batcher.generate, p, method, seed=None if seed is None else seed + i, **kwargs)
-                for i, p in enumerate(ids)
-            ]
+            futures = [pool.submit(one, i) for i in range(len(ids))]
             return [f.result() for f in futures]
     finally:
         batcher.close()

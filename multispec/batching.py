@@ -234,15 +234,19 @@ class Batcher:
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
         if self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity):
             return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
+        asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))
         if row is None:
             raise Cancelled("cancelled while waiting for a row")
+        waited = time.perf_counter() - asked
         try:
             target = RowModel(self, "target", self.models["target"], row)
             draft = RowModel(self, "draft", self.models["draft"], row) if self.models["draft"] is not None else None
-            return generate(target, draft, prompt, method, **kwargs)
+            result = generate(target, draft, prompt, method, **kwargs)
         finally:
             self._give_row(row)
+        result.stats["queue_seconds"] = waited  # waiting for a row (`multispec serve`'s queue time)
+        return result
 
     def alone(self, work: Callable[[], Any]):
         """Run `work` on the scheduler's thread, between batched forwards, with no row's forward at once."""

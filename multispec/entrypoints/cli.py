@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..params import DEFAULT_METHOD, parse_method, parse_params
 
@@ -50,7 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text with one method", formatter_class=DEFAULTS)
-    g.add_argument("prompt")
+    g.add_argument("prompt", nargs="?", default=None, help="the prompt (or give --prompts)")
+    g.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="many prompts, decoded together (continuous batching): a JSONL file (`prompt` or Spec-Bench "
+        "`turns` a line) or a shipped set (mt-bench, spec-bench-dev); prints one JSON line per prompt as it ends",
+    )
+    g.add_argument("--batch", type=int, default=8, help="with --prompts: sequences decoded at once")
+    g.add_argument("--limit", type=int, default=None, help="with --prompts: the first N prompts only")
+    g.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="with --prompts: append the JSON lines to FILE instead of printing them; prompts already in it are "
+        "skipped (an interrupted run goes on where it stopped)",
+    )
     g.add_argument(
         "--method",
         default=DEFAULT_METHOD,
@@ -594,6 +611,82 @@ def _bridge(args, say) -> dict:
     return out
 
 
+def _batch_prompts(args) -> list:
+    """The prompts of `--prompts` still to decode: those not in `--out` already."""
+    from ..api import MAX_BATCH
+    from ..tools.bench.prompts import load_prompt_file
+
+    if isinstance(args.batch, bool) or not 1 <= args.batch <= MAX_BATCH:
+        raise ValueError(f"--batch must be from 1 to {MAX_BATCH}, got {args.batch}")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    prompts = load_prompt_file(args.prompts, limit=args.limit)
+    done = set()
+    if args.out is not None and Path(args.out).is_file():
+        for number, line in enumerate(Path(args.out).read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                done.add(json.loads(line)["id"])
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{args.out}, line {number}: not a line of `multispec generate --prompts`") from None
+    return [p for p in prompts if p.id not in done]
+
+
+def _generate_many(args, pair, prompts: list, name: str, params: dict) -> int:
+    """`generate --prompts`: every prompt through `generate_batch`, a JSON line each as it ends."""
+    import threading
+    import time
+
+    from ..api import generate_batch
+
+    if not prompts:
+        print("multispec: every prompt is in --out already", file=sys.stderr)
+        return 0
+    out = open(args.out, "a", encoding="utf-8") if args.out is not None else sys.stdout  # noqa: SIM115
+    lock = threading.Lock()
+    tokens = 0
+
+    def write(i: int, result) -> None:
+        nonlocal tokens
+        line = {
+            "id": prompts[i].id,
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "stats": result.stats.as_dict(),
+        }
+        with lock:
+            tokens += len(result.token_ids)
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+
+    start = time.perf_counter()
+    try:
+        generate_batch(
+            pair.target,
+            pair.draft,
+            [p.text for p in prompts],
+            name,
+            seed=args.seed,
+            rows=min(args.batch, len(prompts)),
+            on_result=write,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            chat=not args.no_chat,
+            **params,
+        )
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    seconds = time.perf_counter() - start
+    print(
+        f"multispec: {len(prompts)} prompts, {tokens} tokens in {seconds:.1f} s: {tokens / seconds:.1f} tokens/s "
+        f"in all, {min(args.batch, len(prompts))} at once",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_generate(args) -> int:
     from ..api import ModelPair, describe_model, generate, load_model, load_pair, validate_request
 
@@ -626,8 +719,11 @@ def cmd_generate(args) -> int:
         raise ValueError(
             f"method {name!r} runs only on MarkovLM test models (library use); the command line loads real models"
         )
-    if not args.prompt.strip():
+    if (args.prompt is None) == (args.prompts is None):
+        raise ValueError("give a prompt or --prompts FILE (one of them)")
+    if args.prompts is None and not args.prompt.strip():
         raise ValueError("the prompt is empty")
+    todo = _batch_prompts(args) if args.prompts is not None else None
     if method.draft_use(method.resolve(params)) != "none":
         pair = load_pair(
             args.target,
@@ -648,6 +744,8 @@ def cmd_generate(args) -> int:
         for line in plan_mismatches(plan, pair.description):
             print(f"multispec: note: {line}", file=sys.stderr)
     target = pair.target
+    if todo is not None:
+        return _generate_many(args, pair, todo, name, params)
     from .. import console
     from ..streaming import TextStream
 

@@ -1,8 +1,10 @@
 """An OpenAI-compatible HTTP server over one model pair: `/v1/chat/completions`, `/v1/completions` (whole or
 streamed as server-sent events), `/v1/models`, `/health` and `/metrics` (Prometheus text).
 
-Requests are served one at a time, in arrival order, on one worker thread (the models and their caches
-are not shared between generations); the others wait in a bounded queue and a full queue answers 429.
+Up to `batch_rows` requests decode together (continuous batching, `multispec.batching`: one row of the
+models' batch caches each, one forward per model over the rows; rows join and leave between forwards); with
+`batch_rows` 1, or models without a static cache, one at a time. The others wait, in arrival order, in a
+bounded queue, and a full queue answers 429.
 A client that disconnects cancels its generation, streamed or whole, at the next iteration. Every refusal is
 an OpenAI-style error object with a 4xx status; an unexpected failure is a 500 whose body names only the
 exception's type (the traceback goes to the server's log).
@@ -142,6 +144,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("text", piece), then ("done", ...) or ("error", e)
     cancel: threading.Event = field(default_factory=threading.Event)
+    queued: float = 0.0  # seconds from arrival until a worker thread took it (then a batch row: the stats')
+    arrived: float = field(default_factory=time.perf_counter)
 
     def emit(self, kind: str, value: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -176,6 +180,29 @@ class Metrics:
             registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
+        self.queue = Histogram(
+            "multispec_queue_seconds",
+            "Time from arrival until a request decodes (a batch row is free)",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+        )
+
+    def watch(self, batcher) -> None:
+        """Gauges read from the batch (`multispec.batching.Batcher`) when scraped."""
+        from prometheus_client import Gauge
+
+        r = self.registry
+        Gauge("multispec_batch_rows", "Sequences decoding in the batch now", registry=r).set_function(
+            lambda: len(batcher._active)
+        )
+        Gauge("multispec_batch_forwards", "Batched forwards so far", registry=r).set_function(
+            lambda: batcher.stats["forwards"]
+        )
+        Gauge(
+            "multispec_batch_forward_rows",
+            "Rows those forwards held (over multispec_batch_forwards: the mean batch size)",
+            registry=r,
+        ).set_function(lambda: batcher.stats["rows"])
 
     def count(self, spec: dict) -> None:
         self.drafts.inc(spec["num_drafts"])
@@ -243,6 +270,8 @@ class Server:
         self.in_flight = 0  # queued or running
         self.created = int(time.time())
         self.metrics = Metrics()
+        if self.batcher is not None:
+            self.metrics.watch(self.batcher)
         self.app = self._build_app()
 
     # -- the ASGI application -----------------------------------------------------------------------------
@@ -621,6 +650,7 @@ class Server:
 
     def _run(self, job: Job):
         """On the worker thread: generate, sending text pieces to the request as they are committed."""
+        job.queued = time.perf_counter() - job.arrived
         try:
             if job.cancel.is_set():  # the client left while the request waited
                 job.emit("done", (None, ""))
@@ -734,6 +764,7 @@ class Server:
         m.generation_tokens.inc(len(result.token_ids))
         m.count(speculation(result.stats))
         m.latency.observe(time.perf_counter() - arrived)
+        m.queue.observe(job.queued + (result.stats.get("queue_seconds") or 0.0))
 
     def _chunk(self, ident: str, chat: bool, delta, finish: str | None) -> dict:
         if chat:

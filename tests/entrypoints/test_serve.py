@@ -148,6 +148,11 @@ def test_completions_stop_strings_method_parameters_and_metrics(server):
     assert streamed(stream)[0] == stopped.choices[0].text
     drafts = free.spec_decode["num_drafts"] + stopped.spec_decode["num_drafts"]
     assert server.metric("vllm:spec_decode_num_drafts_total") >= drafts_before + drafts
+    # the batch's own figures: queue time per request, batched forwards and the rows they held
+    assert server.metric("multispec_queue_seconds_count") >= 3
+    forwards = server.metric("multispec_batch_forwards")
+    assert forwards >= 1 and server.metric("multispec_batch_forward_rows") >= forwards
+    assert server.metric("multispec_batch_rows") == 0  # nothing decodes now
     models = client.models.list()
     assert [m.id for m in models.data] == ["multispec"]
     status, body = server.request("GET", "/health")
