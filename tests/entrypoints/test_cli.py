@@ -35,6 +35,26 @@ def test_generate_streams_text_and_prints_a_summary():
     assert len("".join(lines[:-1]).strip()) > 0
 
 
+@pytest.mark.slow
+def test_generate_over_a_prompt_file_in_a_batch_resumes_where_it_stopped(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": i, "prompt": p}) for i, p in enumerate(["Hi.", "Name a fruit."])]
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ("generate", "--prompts", str(prompts), "--batch", "2", "--max-new-tokens", "6", "--temperature", "0")
+    proc = run(*args, "--method", "ar", "--out", str(out), "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 prompts" in proc.stderr and "tokens/s in all" in proc.stderr
+    proc = run(*args, "--method", "ar", "--out", str(out))  # the first is in --out already: only the second runs
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(line["id"] for line in lines) == ["prompts:0", "prompts:1"]
+    alone = run("generate", "Name a fruit.", "--method", "ar", "--max-new-tokens", "6", "--temperature", "0", "--json")
+    assert json.loads(alone.stdout)["token_ids"] == next(x for x in lines if x["id"] == "prompts:1")["token_ids"]
+    bad = run("generate", "Hi.", "--prompts", str(prompts))
+    assert bad.returncode != 0 and "one of them" in bad.stderr
+
+
 def test_beam_from_the_cli():
     proc = run(
         "generate",
