@@ -34,6 +34,8 @@ from .models.static import RowKV
 WAIT_SECONDS = 0.02  # how long the scheduler waits for the other rows' feeds once one is waiting
 GAP_SECONDS = 1.0  # a longer pause between two batched forwards is an idle batch, not the rows' work
 HOLD_SECONDS = 1.0  # the longest a row's target feed is held back while other rows draft (see `_schedule`)
+POOLED_TRIES = 12  # the weight of the batch's pooled acceptance record in a joining row's (`RowLoad.pooled`)
+MAX_POOLED_GAMMA = 16  # draft positions the pooled record keeps
 PROMPT_TOKENS = 64  # a feed of more new tokens than this (a prompt) runs alone, not padded into the batch
 
 
@@ -99,6 +101,26 @@ class RowLoad:
     def publish(self, rates: list[float]) -> None:
         """This row's acceptance per draft position, for the other rows' choices."""
         self._batcher._expected[self._row] = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(rates))))
+
+    def record(self, key: str, drafted: int, accepted: int) -> None:
+        """One verification of a drafter option, into the batch's pooled record (`pooled`)."""
+        tries, accepts = self._batcher._pooled.setdefault(key, (np.zeros(MAX_POOLED_GAMMA), np.zeros(MAX_POOLED_GAMMA)))
+        tries[: min(accepted + 1, drafted, MAX_POOLED_GAMMA)] += 1
+        accepts[: min(accepted, MAX_POOLED_GAMMA)] += 1
+
+    def pooled(self, positions: int) -> dict[str, tuple[list[float], list[float]]]:
+        """Every drafter option's record over the batch's rows so far, scaled down to at most `POOLED_TRIES` tries
+        at the first position: a joining row's prior, which its own record soon outweighs (the spec's "pooled
+        history early on"). Past verifications of other rows only, so the row's law is untouched."""
+        out = {}
+        for key, (tries, accepts) in list(self._batcher._pooled.items()):
+            scale = min(1.0, POOLED_TRIES / tries[0]) if tries[0] else 0.0
+            pad = max(0, positions - MAX_POOLED_GAMMA)
+            out[key] = (
+                [*(tries[:positions] * scale).tolist(), *[0.0] * pad],
+                [*(accepts[:positions] * scale).tolist(), *[0.0] * pad],
+            )
+        return out
 
 
 class RowModel(LanguageModel):
@@ -198,6 +220,7 @@ class Batcher:
         # the rows a batched step is padded to, per model (`HFModel.batch_rows`): what prices its forward
         self.floors = {role: (model.batch_rows, model.min_rows) for role, model in given.items() if self.batched}
         self._expected: dict[int, np.ndarray] = {}  # per row: expected tokens at draft length 0, 1, ... (`RowLoad`)
+        self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
         # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched
         # forwards (the rows' own work: verifying, sampling drafts, committing)
@@ -216,6 +239,8 @@ class Batcher:
         # batched forwards, the rows they held and their seconds; forwards run alone (prompts, other caches);
         # generations run alone (several rows, or longer than a row)
         self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "single": 0, "whole": 0}
+        # prompts run alone while other rows decode: they wait that long (no chunked prefill); in all and the most
+        self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0)
         self._thread = threading.Thread(target=self._schedule, name="multispec-batch", daemon=True)
         self._thread.start()
 
@@ -373,11 +398,17 @@ class Batcher:
         return held
 
     def _run(self, feed: _Feed, work: Callable[[], Any]) -> None:
+        start = time.perf_counter()
         try:
             feed.logits = work()
             self.stats["whole" if feed.role == "alone" else "single"] += 1
         except BaseException as e:  # noqa: BLE001 - the generation that asked gets it
             feed.error = e
+        if len(self._active) > 1:  # the other rows waited for it
+            seconds = time.perf_counter() - start
+            self.stats["stalls"] += 1
+            self.stats["stall_seconds"] += seconds
+            self.stats["stall_max"] = max(self.stats["stall_max"], seconds)
         feed.done.set()
 
     def _run_rows(self, role: str, group: list[_Feed]) -> None:

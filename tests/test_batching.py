@@ -181,6 +181,7 @@ def _batch_of(rows: int, rates: list[float]):
     batch = SimpleNamespace(
         _active=set(range(rows)),
         _expected={},
+        _pooled={},
         floors={"target": (1, 1), "draft": (1, 1)},
         scale={"target": 1.0, "draft": 1.0},
         gap=0.0,
@@ -207,6 +208,19 @@ def test_drafting_shrinks_as_the_batch_fills_down_to_none():
     lengths = [chosen(rows) for rows in (1, 4, 16, 64)]
     assert lengths[0] >= 3, lengths  # alone, a wide chain is nearly free
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
+
+
+def test_a_joining_row_starts_from_the_batchs_pooled_record():
+    load = _batch_of(2, [0.5] * 10)
+    for _ in range(100):
+        load.record("model", 3, 2)  # first two positions accepted, the third not
+    tries, accepts = load.pooled(4)["model"]
+    assert tries == pytest.approx([12.0, 12.0, 12.0, 0.0]) and accepts == pytest.approx([12.0, 12.0, 0.0, 0.0])
+    from multispec.drafting.length import DraftLength
+    from multispec.models.cost import ForwardCost
+
+    joining = DraftLength(ForwardCost((1.0,)), None, max_gamma=4, load=load)
+    assert joining.rates("model")[:3] == pytest.approx([13 / 15, 13 / 15, 1 / 15])
 
 
 def test_the_batch_prices_what_the_other_rows_commit():

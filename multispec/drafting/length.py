@@ -56,6 +56,11 @@ class DraftLength:
     # tokens all its rows commit, so that drafting shrinks as the batch fills
     load: Any = None
 
+    def __post_init__(self):
+        if self.load is not None:  # a row joining a batch starts from the batch's record, not from the prior
+            for key, (tries, accepts) in self.load.pooled(self.max_gamma).items():
+                self.tries[key], self.accepts[key] = tries, accepts
+
     def rates(self, key: str) -> list[float]:
         tries = self.tries.get(key, [0.0] * self.max_gamma)
         accepts = self.accepts.get(key, [0.0] * self.max_gamma)
@@ -112,6 +117,7 @@ class DraftLength:
             accepts[i] += 1
         if self.load is not None:
             self.load.publish(self.rates(key))
+            self.load.record(key, drafted, accepted)
 
 
 class AutoLength(Drafter):

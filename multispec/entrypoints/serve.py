@@ -203,6 +203,14 @@ class Metrics:
             "Rows those forwards held (over multispec_batch_forwards: the mean batch size)",
             registry=r,
         ).set_function(lambda: batcher.stats["rows"])
+        Gauge(
+            "multispec_batch_stall_seconds",
+            "Seconds the decoding rows waited for forwards run alone (prompts, several-row methods), in all",
+            registry=r,
+        ).set_function(lambda: batcher.stats["stall_seconds"])
+        Gauge("multispec_batch_stall_seconds_max", "The longest such wait", registry=r).set_function(
+            lambda: batcher.stats["stall_max"]
+        )
 
     def count(self, spec: dict) -> None:
         self.drafts.inc(spec["num_drafts"])

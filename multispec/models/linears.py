@@ -11,6 +11,7 @@ are kept beside the plain weights: the linear maps' memory doubles.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import statistics
 import threading
@@ -19,6 +20,14 @@ import types
 import weakref
 
 import torch
+
+from ..machine import instruction_sets, kernel_store_path, read_store, write_store_entry
+
+
+def hash_shapes(shapes) -> str:
+    """A short name for a model's linear shapes."""
+    return hashlib.sha1(repr(shapes).encode()).hexdigest()[:12]
+
 
 GAIN = 0.95  # packed is kept where a pass over the model's linear maps takes at most this share of the plain time
 ROUNDS = 3
@@ -82,11 +91,22 @@ def packable(model) -> str | None:
 def pack(model) -> tuple[bool, float, float]:
     """Pack the model's linear maps if a pass over all of them, one row each (a decoding step's products), ran
     faster packed on this machine. Returns (packed?, plain seconds, packed seconds) of that pass (medians of
-    ROUNDS interleaved rounds); the choice is remembered per shapes, dtype and thread count."""
+    ROUNDS interleaved rounds); the choice is remembered per shapes, dtype and thread count, in this machine's
+    kernel store (`machine.kernel_store_path`)."""
     found = _linears(model)
     weights = [m.weight.detach() for m in found]
     key = (tuple((w.shape[1], w.shape[0]) for w in weights), weights[0].dtype, torch.get_num_threads())
     packed = None
+    # the choice is kept for the machine: a close race decided again in every process would flip between runs,
+    # and with it the bits of a step (and the rows a batched step is padded to: `hf.kernels.invariant_rows`)
+    stored = (
+        f"packed-linears|{hash_shapes(key[0])}|{key[1]}|threads={key[2]}|torch={torch.__version__}|"
+        f"isa={instruction_sets()}"
+    )
+    if key not in _CHOICES:
+        saved = read_store(kernel_store_path()).get(stored)
+        if isinstance(saved, list) and len(saved) == 3:
+            _CHOICES[key] = (bool(saved[0]), float(saved[1]), float(saved[2]))
     if key not in _CHOICES:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         inputs = {}
@@ -114,6 +134,7 @@ def pack(model) -> tuple[bool, float, float]:
                 t.append(time.perf_counter() - t0)
         plain, fast = statistics.median(times[plain_pass]), statistics.median(times[packed_pass])
         _CHOICES[key] = (fast <= GAIN * plain, plain, fast)
+        write_store_entry(kernel_store_path(), stored, list(_CHOICES[key]))
     chosen = _CHOICES[key]
     if chosen[0]:  # (where the choice was remembered from another model of these shapes, packed only now)
         packed = packed or [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]

@@ -153,6 +153,7 @@ def test_completions_stop_strings_method_parameters_and_metrics(server):
     forwards = server.metric("multispec_batch_forwards")
     assert forwards >= 1 and server.metric("multispec_batch_forward_rows") >= forwards
     assert server.metric("multispec_batch_rows") == 0  # nothing decodes now
+    assert server.metric("multispec_batch_stall_seconds_max") <= server.metric("multispec_batch_stall_seconds")
     models = client.models.list()
     assert [m.id for m in models.data] == ["multispec"]
     status, body = server.request("GET", "/health")

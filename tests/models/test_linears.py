@@ -18,7 +18,7 @@ def _own_store(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_linear_maps_serve_eager_steps_only_and_keep_the_logits(dtype, monkeypatch):
+def test_packed_linear_maps_serve_eager_steps_only_and_keep_the_logits(dtype, monkeypatch, tmp_path):
     from multispec.models import linears
 
     if linears.packable(tiny_llama().model) is not None or (
@@ -26,6 +26,7 @@ def test_packed_linear_maps_serve_eager_steps_only_and_keep_the_logits(dtype, mo
     ):
         pytest.skip("no oneDNN packing for this dtype here")
     monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "kernel_store_path", lambda: tmp_path / "kernels.json")  # no stored choice
     monkeypatch.setattr(linears, "GAIN", float("inf"))  # packed whatever the timing said
     make = (lambda: tiny_llama(seed=6)) if dtype == torch.float32 else _bf16_llama
     plain, packed = make(), make()
@@ -54,16 +55,24 @@ def test_packed_linear_maps_serve_eager_steps_only_and_keep_the_logits(dtype, mo
         assert torch.equal(clone(ids).logits, plain.model(ids).logits)
 
 
-def test_linear_maps_stay_plain_where_packed_ran_no_faster_or_packing_is_switched_off(monkeypatch):
+def test_linear_maps_stay_plain_where_packed_ran_no_faster_or_packing_is_switched_off(monkeypatch, tmp_path):
     from multispec.models import linears
 
     model = tiny_llama(seed=7)
     if linears.packable(model.model) is not None:
         pytest.skip("no oneDNN packing here")
     monkeypatch.setattr(linears, "_CHOICES", {})
+    store = tmp_path / "kernels.json"
+    monkeypatch.setattr(linears, "kernel_store_path", lambda: store)
     monkeypatch.setattr(linears, "GAIN", 0.0)  # packed would have to take no time at all
     model.forward(model.new_cache(), torch.tensor([PROMPT]))
     assert model.packed_linears is False
+    # the choice is kept for the machine: another process (here: a cleared memory) reads it, not a new race
+    monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "GAIN", float("inf"))
+    again = tiny_llama(seed=7)
+    again.forward(again.new_cache(), torch.tensor([PROMPT]))
+    assert again.packed_linears is False and "packed-linears" in store.read_text()
     assert not any(linears.packed_weight(m) is not None for m in model.model.modules() if type(m) is torch.nn.Linear)
     chosen, plain_seconds, packed_seconds = next(iter(linears._CHOICES.values()))
     assert chosen is False and plain_seconds > 0 and packed_seconds > 0
