@@ -13,7 +13,7 @@ _EXPORTS = {
     "Result": "result",
     "Stats": "result",
     "generate": "api",
-    "generate_batch": "api",
+    "generate_batch": "batching",
     "load_model": "api",
     "load_pair": "api",
     "METHODS": "decoding",

@@ -6,7 +6,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -266,80 +265,6 @@ def generate(
         stats["mean_logprob"] = mean_logprob(target, prompt_ids, session.new_tokens)
         stats["perplexity"] = perplexity([stats["mean_logprob"]])
     return Result(session.new_tokens, target.decode(session.new_tokens), stats, prompt_ids)
-
-
-MAX_BATCH = 64  # the most sequences `generate_batch` decodes at once
-
-
-def generate_batch(
-    target: LanguageModel,
-    draft: LanguageModel | None,
-    prompts: list[str] | list[list[int]],
-    method: str = DEFAULT_METHOD,
-    seed: int | None = 0,
-    rows: int | None = None,
-    on_result: Callable[[int, Result], None] | None = None,
-    **kwargs,
-) -> list[Result]:
-    """`generate` for many prompts, decoded together: continuous batching (`multispec.Batcher`), one cache row
-    per sequence and one forward per model over the rows; sequences join and leave between forwards.
-
-    Args:
-        target, draft, method: as for `generate`.
-        prompts: texts or token-id lists, one per sequence.
-        seed: prompt i is seeded `seed + i` (so its output is the one `generate` gives with that seed, at
-            temperature 0 always and at any temperature with a fixed draft length); None: fresh seeds.
-        rows: at most this many sequences at once (default: all of them, up to `MAX_BATCH`).
-        on_result: called with (i, prompt i's `Result`) as each ends, from the thread that decoded it (so that a
-            caller can keep finished work before the last ends).
-        **kwargs: `generate`'s other arguments (`max_new_tokens`, `temperature`, `chat`, method parameters...).
-
-    Returns:
-        One `Result` per prompt, in order.
-
-    Raises:
-        ValueError: no prompts, a bad `rows`, or a bad request (as `generate` names it).
-    """
-    from .batching import PROMPT_TOKENS, Batcher
-
-    if isinstance(prompts, str) or not prompts:
-        raise ValueError("prompts must be a non-empty list of texts or token-id lists")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_BATCH):
-        raise ValueError(f"rows must be an integer from 1 to {MAX_BATCH}, got {rows!r}")
-    chat = kwargs.pop("chat", True)
-    ids = [_prompt_ids(target, prompt, chat) for prompt in prompts]
-    name, given = parse_method(method)
-    validate_request(  # once, before any thread starts
-        name,
-        kwargs.get("max_new_tokens", 128),
-        kwargs.get("temperature", 1.0),
-        kwargs.get("top_k", 0),
-        kwargs.get("top_p", 1.0),
-        {**given, **{k: v for k, v in kwargs.items() if k not in _GENERATE_ARGS}},
-        None if seed is None else seed + len(ids) - 1,
-    )
-    rows = min(len(ids), rows or MAX_BATCH)
-    capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-    batcher = Batcher(target, draft, rows=rows, capacity=capacity)
-    try:
-
-        def one(i: int) -> Result:
-            result = batcher.generate(ids[i], method, seed=None if seed is None else seed + i, **kwargs)
-            if on_result is not None:
-                on_result(i, result)
-            return result
-
-        with ThreadPoolExecutor(rows, thread_name_prefix="multispec-row") as pool:
-            futures = [pool.submit(one, i) for i in range(len(ids))]
-            return [f.result() for f in futures]
-    finally:
-        batcher.close()
-
-
-# `generate`'s own arguments (the rest are the method's parameters)
-_GENERATE_ARGS = frozenset(
-    {"max_new_tokens", "temperature", "top_k", "top_p", "on_tokens", "score", "cancel", "chat", "seed"}
-)
 
 
 def validate_request(

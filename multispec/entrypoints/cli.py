@@ -613,7 +613,7 @@ def _bridge(args, say) -> dict:
 
 def _batch_prompts(args) -> list:
     """The prompts of `--prompts` still to decode: those not in `--out` already."""
-    from ..api import MAX_BATCH
+    from ..batching import MAX_BATCH
     from ..tools.bench.prompts import load_prompt_file
 
     if isinstance(args.batch, bool) or not 1 <= args.batch <= MAX_BATCH:
@@ -636,7 +636,7 @@ def _generate_many(args, pair, prompts: list, name: str, params: dict) -> int:
     import threading
     import time
 
-    from ..api import generate_batch
+    from ..batching import generate_batch
 
     if not prompts:
         print("multispec: every prompt is in --out already", file=sys.stderr)

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
-from ..api import generate, generate_batch
+from ..api import generate
+from ..batching import generate_batch
 from ..models.markov import random_history_pair, random_markov_pair
 from ..warp import Sampling
 
