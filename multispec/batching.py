@@ -76,18 +76,18 @@ class RowLoad:
     def rows(self) -> int:
         return max(1, len(self._batcher._active))
 
-    def target_curve(self, cost, most: int, context: int | None) -> list[float]:
-        """[batch forward seconds with every row w entries wide, w = 0 .. most]. (`cost`, one sequence's curve,
-        is not used: a batch's step is priced from its own, `Batcher.curve`.)"""
+    def target_curve(self, most: int) -> list[float]:
+        """[batch forward seconds with every row w entries wide, w = 0 .. most], from the batched step's own
+        curve (`Batcher.curve`), not one sequence's."""
         batcher = self._batcher
-        rows, floor, scale, gap = self.rows, batcher.floors["target"], batcher.scale["target"], batcher.gap
-        full = batcher.curve("target").curve(_padded(rows * most, floor))
-        return [0.0] + [scale * float(full[_padded(rows * w, floor)]) + gap for w in range(1, most + 1)]
+        rows, scale, gap = self.rows, batcher.scale["target"], batcher.gap
+        full = batcher.curve("target").curve(batcher.entries("target", rows, most))
+        return [0.0] + [scale * float(full[batcher.entries("target", rows, w)]) + gap for w in range(1, most + 1)]
 
-    def draft_step(self, cost, width: int, context: int | None) -> float:
+    def draft_step(self, width: int) -> float:
         """Seconds of one draft forward over every row, `width` entries wide."""
         batcher = self._batcher
-        entries = _padded(self.rows * width, batcher.floors["draft"])
+        entries = batcher.entries("draft", self.rows, width)
         return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
 
     def others(self, most: int) -> list[float]:
@@ -218,8 +218,6 @@ class Batcher:
             if self.batched
             else {}
         )
-        # the rows a batched step is padded to, per model (`HFModel.batch_rows`): what prices its forward
-        self.floors = {role: (model.batch_rows, model.min_rows) for role, model in given.items() if self.batched}
         self._expected: dict[int, np.ndarray] = {}  # per row: expected tokens at draft length 0, 1, ... (`RowLoad`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
@@ -291,6 +289,10 @@ class Batcher:
             self._closed = True
             self._lock.notify_all()
         self._thread.join(timeout=30)
+
+    def entries(self, role: str, rows: int, width: int) -> int:
+        """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_width`)."""
+        return rows * self.models[role].batch_width(rows, width)
 
     def curve(self, role: str):
         """The batched step's cost curve of a model (`batch_forward_cost`), measured on the scheduler's thread
@@ -450,7 +452,7 @@ class Batcher:
         self.stats["seconds"] += seconds
         curve = self.curves.get(role)
         if curve is not None:
-            ratio = seconds / max(curve(_padded(rows * width, self.floors[role])), 1e-9)
+            ratio = seconds / max(curve(self.entries(role, rows, width)), 1e-9)
             self.scale[role] = 0.8 * self.scale[role] + 0.2 * min(4.0, max(0.25, ratio))
         self._last_end = time.perf_counter()
         for f in group:
@@ -531,12 +533,6 @@ def generate_batch(
 _GENERATE_ARGS = frozenset(
     {"max_new_tokens", "temperature", "top_k", "top_p", "on_tokens", "score", "cancel", "chat", "seed"}
 )
-
-
-def _padded(entries: int, floors: tuple[int, int]) -> int:
-    """The entries a batched step of `entries` new entries in all computes (`HFModel.forward_rows`)."""
-    batch_rows, min_rows = floors
-    return entries if entries == 1 and min_rows == 1 else max(entries, batch_rows)
 
 
 def _one_row(method: str, given: dict, kwargs: dict) -> bool:

@@ -182,7 +182,7 @@ def _batch_of(rows: int, rates: list[float]):
         _active=set(range(rows)),
         _expected={},
         _pooled={},
-        floors={"target": (1, 1), "draft": (1, 1)},
+        entries=lambda role, rows, width: rows * width,  # no padding
         scale={"target": 1.0, "draft": 1.0},
         gap=0.0,
         curve=curves.__getitem__,

@@ -79,7 +79,7 @@ class DraftLength:
             target = self.target_cost.curve(target_pending + longest, tokens).tolist()
             others = [0.0] * (longest + 1)
         else:  # the batch's forward with every row this wide, and what the other rows commit then
-            target = load.target_curve(self.target_cost, target_pending + longest, tokens)
+            target = load.target_curve(target_pending + longest)
             others = load.others(longest)
         best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead)
         best_rate = (1.0 + others[0]) / best.seconds
@@ -91,10 +91,7 @@ class DraftLength:
                 if load is None:
                     first, later = self.draft_cost(catch_up, tokens), self.draft_cost(1, tokens)
                 else:
-                    first, later = (
-                        load.draft_step(self.draft_cost, catch_up, tokens),
-                        load.draft_step(self.draft_cost, 1, tokens),
-                    )
+                    first, later = load.draft_step(catch_up), load.draft_step(1)
             survive, expected = 1.0, 1.0
             for g in range(1, min(option.length, self.max_gamma) + 1):
                 survive *= a[g - 1]

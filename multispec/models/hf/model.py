@@ -383,6 +383,13 @@ class HFModel(LanguageModel):
                 self._batch_rows = invariant_rows(self.model)
         return self._batch_rows
 
+    def batch_width(self, rows: int, width: int) -> int:
+        """The entries per row a batched step over `rows` rows of at most `width` new entries each computes
+        (padded as `batch_rows` says)."""
+        if rows * width > 1 or self.min_rows > 1:
+            return max(width, -(-self.batch_rows // rows))
+        return width
+
     @torch.inference_mode()
     def forward_rows(self, cache: static.StaticKV, feeds: list[tuple]) -> list[torch.Tensor]:
         """One eager forward over the first rows of a batch cache (`new_batch_cache`), each row a sequence of its
@@ -410,9 +417,7 @@ class HFModel(LanguageModel):
             if row not in fed:
                 view = getattr(cache, "views", {}).get(row)
                 lengths[row] = view.length if view is not None else 0
-        width = max(t.numel() for _, t, _, _ in given)
-        if rows * width > 1 or self.min_rows > 1:  # (see `batch_rows`)
-            width = max(width, -(-self.batch_rows // rows))
+        width = self.batch_width(rows, max(t.numel() for _, t, _, _ in given))
         if int(lengths.max()) + width > cache.capacity:
             raise ValueError(f"a sequence in this batch would hold more than {cache.capacity} entries")
         inputs = row_inputs(rows, lengths, given, width, cache.positions[:rows], self.sliding_window, self.mixed_layers)
