@@ -16,6 +16,7 @@ from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel, default_dtype
+from .models.vocab import reduce_vocab
 from .params import DEFAULT_METHOD, parse_method
 from .result import Result, Stats
 from .warp import Sampling
@@ -230,6 +231,9 @@ def generate(
         draft = None
     if draft is not None:
         check_compatible(target, draft)
+    vocab = params.pop("draft_vocab", None)  # a property of the draft, not of the method's run
+    if draft is not None and vocab is not None:
+        draft = reduce_vocab(draft, vocab)
     prompt_ids = _prompt_ids(target, prompt, chat)
     room = target.max_length
     if room is not None and len(prompt_ids) >= room:

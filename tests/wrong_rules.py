@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import torch
 
-from multispec.verify import Verdict, recursive_rejection, without_replacement_rejection
+from multispec.verify import Verdict, recursive_rejection, speculative_verify, without_replacement_rejection
 
 
 def no_residual_verify(target_probs, draft_probs, draft_tokens, generator=None, bonus=True):
@@ -52,3 +52,15 @@ def reversed_ratio_layer_verify(target_beam, draft_beam, drafts, live, width, vo
     from multispec.verify import beam_layer_verify
 
     return beam_layer_verify(draft_beam, target_beam, drafts, live, width, vocab, generator)
+
+
+def target_over_draft_vocab_verify(target_probs, draft_probs, draft_tokens, generator=None, bonus=True):
+    """Wrong: the target is renormalised over the draft's (reduced) vocabulary before verifying, so the tokens the
+    draft cannot propose never come out."""
+    g = draft_tokens.shape[0]
+    if g == 0:
+        return speculative_verify(target_probs, draft_probs, draft_tokens, generator, bonus)
+    draft = torch.stack([draft_probs[i] for i in range(g)])
+    kept = (draft > 0).any(0)
+    target = torch.stack([target_probs[i] for i in range(g + 1 if bonus else g)]) * kept
+    return speculative_verify(target / target.sum(-1, keepdim=True), draft, draft_tokens, generator, bonus)

@@ -17,7 +17,7 @@ from ..drafting import DraftChain, setup_of
 from ..engine import Entries, Session
 from ..verify import rollback_verify
 from .loop import speculate
-from .registry import MAX_DEPTH, Method, Param, register, size
+from .registry import DRAFT_VOCAB, MAX_DEPTH, Method, Param, register, size
 
 
 def decode(s: Session, *, fallback: float, rollback: float, max_unchecked: int) -> None:
@@ -55,6 +55,7 @@ register(
                 "roll back at the first draft token whose -log target probability exceeds this",
             ),
             "max_unchecked": size(10, MAX_DEPTH, "draft tokens before the target checks them anyway"),
+            "draft_vocab": DRAFT_VOCAB,
         },
     )
 )

@@ -38,7 +38,7 @@ from ..drafting import ForestDraft, setup_of
 from ..drafting.beams import Forest, grow_rows, outputs_in_rows
 from ..engine import Entries, Hypotheses, Session
 from ..verify import forest_verify
-from .registry import LENGTH_PENALTY, MAX_DEPTH, MAX_ROWS, Method, Param, register, size
+from .registry import DRAFT_VOCAB, LENGTH_PENALTY, MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
 def decode(
@@ -170,6 +170,7 @@ register(
                 "paper), or the drawn one (the authors' code)",
             ),
             "length_penalty": LENGTH_PENALTY,
+            "draft_vocab": DRAFT_VOCAB,
         },
     )
 )

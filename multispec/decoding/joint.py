@@ -30,7 +30,7 @@ from ..drafting.beams import BEAM_WARPS
 from ..engine import Entries, Session
 from ..verify import joint_verify
 from .loop import speculate
-from .registry import MAX_DEPTH, MAX_ROWS, Method, Param, register, size
+from .registry import DRAFT_VOCAB, MAX_DEPTH, MAX_ROWS, Method, Param, register, size
 
 
 def decode_mtad(s: Session, *, gamma: int, width: int, tau: float, ratio: str, threshold: str, beam_warp: str) -> None:
@@ -108,6 +108,7 @@ def _joint_params(beam_warp: str) -> dict[str, Param]:
             "warp the beams' joint distribution over W x V extensions (MTAD Eq. 2), or each "
             "beam's row before joining (the authors' code; MJSD §2.1)",
         ),
+        "draft_vocab": DRAFT_VOCAB,
     }
 
 

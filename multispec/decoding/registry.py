@@ -176,6 +176,7 @@ def drafter_params(tree: bool = False) -> dict[str, Param]:
         ),
         "min_ngram": size(1, MAX_NGRAM, "shortest n-gram a copy may match"),
         "max_ngram": size(3, MAX_NGRAM, "longest n-gram a copy tries to match"),
+        "draft_vocab": DRAFT_VOCAB,
     }
 
 
@@ -197,6 +198,14 @@ def k_config_param(default: str, help: str) -> Param:
     )
 
 
+DRAFT_VOCAB = Param(
+    int,
+    None,
+    lambda v: v >= 1,
+    "an integer >= 1",
+    "the draft proposes only its N most frequent tokens (its head cut to them: cheaper draft steps); the "
+    "target's residual supplies every other token, so the output law is unchanged (`multispec.models.vocab`)",
+)
 BONUS = Param(bool, True, rule="true or false", help="sample a free target token after a fully accepted chain")
 LENGTH_PENALTY = Param(
     float,

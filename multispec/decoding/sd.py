@@ -23,7 +23,7 @@ from ..models.cost import forward_cost
 from ..verify import chain, greedy_verify, relaxed_verify, speculative_verify
 from ..warp import LazyRows, argmax
 from .loop import speculate
-from .registry import BONUS, MAX_DEPTH, Method, Param, drafter_params, register, size
+from .registry import BONUS, DRAFT_VOCAB, MAX_DEPTH, Method, Param, drafter_params, register, size
 
 
 def decode(
@@ -126,6 +126,7 @@ register(
                 "on rejection: the optimal residual (opt) or the target (uno)",
             ),
             "bonus": BONUS,
+            "draft_vocab": DRAFT_VOCAB,
         },
     )
 )

@@ -92,6 +92,13 @@ def add_parser(sub) -> None:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--data-dir", default=None, help="folder with the prompt files (default ../shared/data)")
     d.add_argument(
+        "--count-tokens",
+        action="store_true",
+        help="only count the tokens of the target's answers to --prompts pool prompts, into --out/"
+        "token_counts.safetensors: put that file beside a draft's config.json and draft_vocab=N keeps its N most "
+        "frequent tokens (a draft trained here gets it in draft/)",
+    )
+    d.add_argument(
         "--eval",
         action="store_true",
         help="measure a pair instead of training: 1 - TV, greedy agreement, expected sd block "

@@ -72,6 +72,8 @@ class Limits:
     rows: int = 8  # beams or draft chains (width, draft_width, beam_width, min_width, drafts; paths when
     #                a tree is scored one row per path)
     ngram: int = 16  # a copying drafter's n-gram lengths (min_ngram, max_ngram)
+    draft_vocabs: int = 4  # distinct reduced draft vocabularies (draft_vocab=N) one server makes: each holds a cut
+    #                        copy of the draft's head and measures its own cost curve
 
     # the method parameters each size limit bounds (every sized parameter of the registry has one)
     SIZES = {
@@ -249,6 +251,7 @@ class Server:
         batch_rows: int = 8,
     ):
         self.limits = limits = limits or Limits()
+        self.draft_vocabs: set[int] = set()  # the draft_vocab sizes requests have asked for (at most draft_vocabs)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an integer >= 0, got {max_queue!r}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= limits.max_tokens:
@@ -593,6 +596,16 @@ class Server:
                         f"{key} is {value}, above this server's limit of {high}"
                         + (f" ({name})" if name and name != key else "")
                     )
+        vocab = params.get("draft_vocab")
+        if vocab is not None and vocab not in self.draft_vocabs:
+            if len(self.draft_vocabs) >= limits.draft_vocabs:
+                raise ValueError(
+                    f"draft_vocab={vocab}: this server makes at most {limits.draft_vocabs} draft vocabularies "
+                    f"(draft_vocabs), and has made {', '.join(map(str, sorted(self.draft_vocabs)))}; use one of them"
+                )
+            if self.pair.draft is not None and not 1 <= vocab <= self.pair.draft.vocab_size:
+                raise ValueError(f"draft_vocab must be in [1, {self.pair.draft.vocab_size}], got {vocab}")
+            self.draft_vocabs.add(vocab)
         tree = params.get("tree")
         if tree is not None and tree != "auto":
             tree = as_tree(tree)

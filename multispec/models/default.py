@@ -20,6 +20,7 @@ import torch
 
 from ..machine import cache_dir
 from .hf import HFModel, default_dtype
+from .vocab import read_token_counts
 
 TARGET_NAME = "smollm2-135m-instruct"
 DRAFT_NAME = "smollm2-135m-instruct-draft"
@@ -95,4 +96,7 @@ def load_default(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         model = model.to(device)
-    return HFModel(model, AutoTokenizer.from_pretrained(path), name=name, compile=compile)
+    loaded = HFModel(model, AutoTokenizer.from_pretrained(path), name=name, compile=compile)
+    if name == DRAFT_NAME:
+        loaded.token_counts = read_token_counts(DRAFT_DIR)  # the target's answers, counted (`models.vocab`)
+    return loaded

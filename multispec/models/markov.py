@@ -40,6 +40,12 @@ class MarkovLM(LanguageModel):
         self.name = name
         self._log = self.transitions.log()
 
+    @property
+    def token_counts(self) -> torch.Tensor:
+        """A ranking of the tokens for a reduced draft vocabulary (`models.vocab`): how likely each is to come next,
+        summed over every current token and position (scaled to integers)."""
+        return (self.transitions.sum((0, 1)) * 1e6).round().long()
+
     def new_cache(self) -> MarkovCache:
         return MarkovCache()
 

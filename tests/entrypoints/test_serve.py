@@ -406,6 +406,8 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
         ({"max_tokens": 1025}, 400, "above this server's limit of 1024"),
         ({"prompt": "word " * 5000}, 400, "above this server's limit of 4096"),
         ({"top_k": 10**30, "method": "ar"}, 200, ""),  # keeps every token: off
+        ({"method": "sd:draft_vocab=100000"}, 400, "draft_vocab must be in [1, 49152]"),
+        ({"method": "sd:draft_vocab=0"}, 400, "draft_vocab must be an integer >= 1"),
     ],
 )
 def test_sizes_are_bounded_before_any_work(server, body, status, needle):
@@ -480,5 +482,18 @@ def test_every_size_of_every_method_has_a_server_limit():
 
     for method in METHODS.values():
         for key, p in method.params.items():
+            if key == "draft_vocab":  # not a size: bounded by how many distinct ones a server makes (draft_vocabs)
+                continue
             if p.type in (int,) or p.high is not None:
                 assert p.high is not None and key in Limits.SIZES, (method.name, key)
+
+
+def test_a_server_makes_a_bounded_number_of_draft_vocabularies(default_pair):
+    from multispec.entrypoints.serve import Limits, Server
+
+    server = Server(default_pair, limits=Limits(draft_vocabs=2))
+    for n in (4096, 8192, 4096):
+        server._check_method("sd", {"draft_vocab": n})
+    with pytest.raises(ValueError, match="at most 2 draft vocabularies"):
+        server._check_method("sd", {"draft_vocab": 2048})
+    server.close()

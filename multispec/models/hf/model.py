@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from typing import Any
 
 import torch
 
 from ...console import note
-from .. import dpbf16, linears, packaged, static
+from .. import dpbf16, linears, packaged, static, vocab
 from ..base import LanguageModel
 from ..static import bucket
 from .compiled import CompiledSteps
@@ -46,6 +47,8 @@ class HFModel(LanguageModel):
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.use_chat_template = chat
+        # how often the target writes each token ([vocab_size] counts, kept beside a draft: `models.vocab`)
+        self.token_counts: torch.Tensor | None = None
         # sliding-window attention (Mistral, Gemma 2/3, ...): our mask replaces the model's own, so the window
         # is applied here; `mixed`: some layers slide and others attend to everything
         window = getattr(cfg, "sliding_window", None)
@@ -131,7 +134,36 @@ class HFModel(LanguageModel):
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
         if device is not None:
             model = model.to(device)
-        return cls(model, tokenizer, name=str(name_or_path), compile=compile)
+        loaded = cls(model, tokenizer, name=str(name_or_path), compile=compile)
+        if os.path.isdir(name_or_path):
+            loaded.token_counts = vocab.read_token_counts(name_or_path)
+        return loaded
+
+    def with_head_rows(self, ids: torch.Tensor) -> HFModel:
+        """This model with an output head of only the rows `ids` ([n]: its logits are those tokens', in that order),
+        sharing every other weight (a reduced draft vocabulary, `multispec.models.vocab`)."""
+        head = self.model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise ValueError(f"{self.name}'s output head is not a linear map: its vocabulary cannot be reduced")
+        ids = ids.to(head.weight.device)
+        small = torch.nn.Linear(
+            head.in_features,
+            ids.numel(),
+            bias=head.bias is not None,
+            device=head.weight.device,
+            dtype=head.weight.dtype,
+        )
+        with torch.no_grad():
+            small.weight.copy_(head.weight[ids])
+            if head.bias is not None:
+                small.bias.copy_(head.bias[ids])
+        shell = copy.copy(self.model)  # the same layers; only the head differs
+        shell._modules = dict(self.model._modules)
+        shell.set_output_embeddings(small)
+        compile = INVARIANT if self.steps.kernel == INVARIANT and self.compile else self.compile
+        return HFModel(
+            shell, None, name=f"{self.name}[head={ids.numel()}]", chat=self.use_chat_template, compile=compile
+        )
 
     @torch.inference_mode()
     def _probe(self):

@@ -7,7 +7,9 @@
 
 Output folder layout: data/, heldout/ and heldout-self/ (teacher shards), on-policy/ (the draft's answers, scored by
 the target), checkpoint.pt, log.jsonl (training curve),
-draft/ (an ordinary transformers checkpoint of the draft, with the target's tokenizer).
+draft/ (an ordinary transformers checkpoint of the draft, with the target's tokenizer, and token_counts.safetensors:
+how often the target wrote each token in its training answers, which ranks the tokens a reduced draft vocabulary
+keeps, `draft_vocab=N`). `count_tokens` writes those counts alone, for a draft trained elsewhere.
 """
 
 from __future__ import annotations
@@ -21,12 +23,23 @@ from pathlib import Path
 
 import torch
 
+from ...models.vocab import save_token_counts
 from .model import build_draft, draft_config, reshape_draft
 from .prompts import Contamination, default_data_dir, mt_bench_prompts, prompt_pool
 from .teacher import build_dataset, build_on_policy, existing_shards, load_rows, self_written_prompts
 from .train import TrainConfig, export, target_eval_probs, train
 
-__all__ = ["DistillConfig", "TrainConfig", "build_draft", "draft_config", "distill", "mt_bench_prompts", "prompt_pool"]
+__all__ = [
+    "DistillConfig",
+    "TrainConfig",
+    "answer_counts",
+    "build_draft",
+    "count_tokens",
+    "distill",
+    "draft_config",
+    "mt_bench_prompts",
+    "prompt_pool",
+]
 
 
 @dataclass
@@ -193,8 +206,38 @@ def distill(
         more_evals=more_evals,
     )
     export(draft, target.tokenizer, out / "draft")
+    save_token_counts(out / "draft", answer_counts(train_rows, target.vocab_size), "the target's training answers")
     say(f"draft saved to {out / 'draft'}")
     return last
+
+
+def answer_counts(rows: list[dict], vocab: int) -> torch.Tensor:
+    """How often each token id occurs in the answers of teacher rows: [vocab] int64."""
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for row in rows:
+        ids = row["ids"].long()
+        counts += torch.bincount(ids[ids < vocab], minlength=vocab)
+    return counts
+
+
+def count_tokens(target, out: Path, cfg: DistillConfig, data_dir: Path | None = None, say=print, bar=None) -> Path:
+    """The token counts a reduced draft vocabulary ranks by, for a draft trained elsewhere: the target answers the
+    first `cfg.prompts` pool prompts (the teacher data a `distill` run into `out` would write, and reuses), and
+    the answers' tokens are counted into `out/token_counts.safetensors`. Resumable: finished batches are kept."""
+    pool = prompt_pool(data_dir or default_data_dir(), seed=cfg.train.seed)[: cfg.prompts]
+    paths = build_dataset(
+        _teacher(target, cfg.teacher_dtype),
+        pool,
+        out / "data",
+        cfg.gen_batch,
+        cfg.max_new_tokens,
+        seed=cfg.train.seed,
+        progress=None if bar is None else bar("teacher answers"),
+    )
+    rows = load_rows(paths)
+    counts = answer_counts(rows, target.vocab_size)
+    say(f"{int(counts.sum())} answer tokens of {len(rows)} answers; {int((counts > 0).sum())} distinct token ids")
+    return save_token_counts(out, counts, f"the target's answers to {len(pool)} draft-training prompts")
 
 
 def _on_policy_rows(

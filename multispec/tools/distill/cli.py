@@ -18,7 +18,7 @@ def run(args) -> int:
     from tqdm import tqdm
 
     from ...api import load_model, load_pair
-    from . import DistillConfig, TrainConfig, distill
+    from . import DistillConfig, TrainConfig, count_tokens, distill
     from .evaluate import evaluate_pair, format_report
     from .prompts import default_data_dir, mt_bench_prompts
 
@@ -108,6 +108,10 @@ def run(args) -> int:
 
         return update
 
+    if args.count_tokens:
+        path = count_tokens(target, out, cfg, data_dir=data_dir, say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar)
+        print(json.dumps({"token_counts": str(path)}))
+        return 0
     last = distill(
         target, out, cfg, data_dir=data_dir, resume=args.resume, say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar
     )

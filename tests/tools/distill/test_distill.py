@@ -9,7 +9,16 @@ import torch
 
 from multispec.entrypoints.cli import main
 from multispec.models.hf import HFModel
-from multispec.tools.distill import DistillConfig, TrainConfig, build_draft, distill, draft_config, mt_bench_prompts
+from multispec.models.vocab import read_token_counts
+from multispec.tools.distill import (
+    DistillConfig,
+    TrainConfig,
+    build_draft,
+    count_tokens,
+    distill,
+    draft_config,
+    mt_bench_prompts,
+)
 from multispec.tools.distill.evaluate import evaluate_pair
 from multispec.tools.distill.model import mlp_importance, reshape_draft
 from multispec.tools.distill.prompts import Contamination, prompt_pool
@@ -194,6 +203,16 @@ def test_distill_pipeline_trains_checkpoints_resumes_and_exports(tokenizer, tmp_
     reloaded = HFModel.from_pretrained(str(out / "draft"))
     assert reloaded.vocab_size == target.vocab_size
     assert reloaded.tokenizer.get_vocab() == tokenizer.get_vocab()
+    # ... with the counts of the target's training answers, which a reduced draft vocabulary ranks by
+    answers = torch.cat([r["ids"].long() for r in load_rows(shards)])
+    assert torch.equal(reloaded.token_counts, torch.bincount(answers, minlength=target.vocab_size))
+
+    # the counts alone, for a draft trained elsewhere: the same teacher answers (reused here), counted
+    written = [p.stat().st_mtime_ns for p in shards]
+    path = count_tokens(target, out, cfg, say=lines.append)
+    assert path == out / "token_counts.safetensors"
+    assert [p.stat().st_mtime_ns for p in shards] == written  # reused, not answered again
+    assert torch.equal(read_token_counts(out), reloaded.token_counts)
 
     # a second run in the same folder must be asked to resume; resuming reuses data and continues
     with pytest.raises(ValueError, match="--resume"):
