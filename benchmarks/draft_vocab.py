@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from multispec import generate, load_pair
+from multispec.machine import describe_device
 from multispec.models.vocab import reduce_vocab
 from multispec.tools.bench.prompts import load_prompts
 
@@ -72,7 +72,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     out = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": describe_device("cpu"),
         "dtype": str(draft.dtype),
         "target_step_ms": round(target_step * 1e3, 3),
         "answer_tokens": int(seen.sum()),

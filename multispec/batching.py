@@ -56,6 +56,7 @@ class _Feed:
     since: float = field(default_factory=time.monotonic)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+    model: Any = None  # the model to run it on, when not the role's (a draft with a reduced head, `with_head_rows`)
 
 
 class RowLoad:
@@ -75,6 +76,13 @@ class RowLoad:
     @property
     def rows(self) -> int:
         return max(1, len(self._batcher._active))
+
+    @property
+    def alone(self) -> bool:
+        """No other row is active: the iteration is priced as a single sequence's (`DraftLength`'s own curves),
+        as `generate` alone prices it. The batched step's curve and the gap between forwards overprice a lone
+        row's drafting (its gap counts its own verification work once per forward)."""
+        return len(self._batcher._active) <= 1
 
     def target_curve(self, most: int) -> list[float]:
         """[batch forward seconds with every row w entries wide, w = 0 .. most], from the batched step's own
@@ -156,7 +164,21 @@ class RowModel(LanguageModel):
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         row = self._row if cache is self._row_cache else None
         args = (tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant)
-        return self._batcher._submit(_Feed(self._role, row, cache, args))
+        return self._batcher._submit(_Feed(self._role, row, cache, args, model=self._model))
+
+    def measure_alone(self, measure: Callable[[Any], Any]) -> Any:
+        """`measure(model)` on the model itself, on the scheduler's thread between batched forwards (a cost curve
+        measured through this stand-in would take its row's cache and run its forwards one by one)."""
+        if self._batcher._thread is threading.current_thread():  # already between forwards
+            return measure(self._model)
+        return self._batcher.alone(lambda: measure(self._model))
+
+    def with_head_rows(self, ids: torch.Tensor) -> RowModel | None:
+        """This row on the model with an output head of only the rows `ids` (a reduced draft vocabulary,
+        `multispec.models.vocab`): the same row of the same batch cache, whose batched forwards run the cut head."""
+        if not hasattr(type(self._model), "with_head_rows"):
+            return None  # a model without one is masked whole (`reduce_vocab`)
+        return RowModel(self._batcher, self._role, self._model.with_head_rows(ids), self._row)
 
     def crop(self, cache, length: int) -> None:
         self._model.crop(cache, length)
@@ -375,12 +397,17 @@ class Batcher:
             for feed in feeds:
                 tokens = feed.args[0]
                 if feed.row is None or feed.cache.length == 0 or tokens.shape[-1] > PROMPT_TOKENS:
-                    self._run(feed, lambda f=feed: self.models[f.role].forward(f.cache, *f.args))
+                    self._run(feed, lambda f=feed: (f.model or self.models[f.role]).forward(f.cache, *f.args))
                 else:
                     batched.setdefault(feed.role, []).append(feed)
             held = self._hold(batched)
             for role, group in batched.items():
-                self._run_rows(role, group)
+                # one forward per model: a draft with a reduced head runs its rows apart (the cache is shared)
+                by_model: dict[int, list[_Feed]] = {}
+                for feed in group:
+                    by_model.setdefault(id(feed.model or self.models[role]), []).append(feed)
+                for part in by_model.values():
+                    self._run_rows(role, part)
             if held:
                 with self._lock:
                     self._waiting[:0] = held
@@ -415,7 +442,7 @@ class Batcher:
         feed.done.set()
 
     def _run_rows(self, role: str, group: list[_Feed]) -> None:
-        model = self.models[role]
+        model = group[0].model or self.models[role]
         t0 = time.perf_counter()
         feeds, fit = [], []
         for f in group:  # a feed that cannot run fails its own generation only

@@ -369,6 +369,16 @@ class Session:
             self.draft.seconds - self.draft.one_time if self.draft is not None else 0.0,
         )
 
+    def reduce_draft(self, n: int) -> None:
+        """Draft from the draft's n most frequent tokens (`draft_vocab`, `multispec.models.vocab`), before any
+        drafter has made the draft's runner."""
+        if self.draft is not None:
+            raise RuntimeError("the draft's vocabulary is set before its runner is made")
+        if self.draft_model is not None:
+            from .models.vocab import reduce_vocab
+
+            self.draft_model = reduce_vocab(self.draft_model, n)
+
     def draft_runner(self) -> ModelRunner:
         """The draft model's runner, made on first use: the drafter that asks for it feeds and commits it
         (the session only reads its counters)."""

@@ -205,9 +205,31 @@ def test_drafting_shrinks_as_the_batch_fills_down_to_none():
             c.observe("model", 6, 4)  # about 0.7 accepted per position, as the other rows published
         return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
 
-    lengths = [chosen(rows) for rows in (1, 4, 16, 64)]
-    assert lengths[0] >= 3, lengths  # alone, a wide chain is nearly free
+    lengths = [chosen(rows) for rows in (2, 4, 16, 64)]
+    assert lengths[0] >= 3, lengths  # with one other row, a wide chain is nearly free
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
+
+
+def test_a_lone_row_prices_its_drafts_as_one_sequence():
+    # alone in the batch, a row chooses what `generate` alone chooses (the single-sequence curves); with another
+    # row, the batch's prices (here a large gap between forwards) apply
+    from multispec.drafting.base import Option
+    from multispec.drafting.length import EXPLORE, DraftLength
+    from multispec.models.cost import ForwardCost
+
+    tokens = (1, 2, 4, 8, 16)
+    flat = [ForwardCost(((seconds,) * len(tokens),), tokens=tokens) for seconds in (1.0, 0.05)]
+
+    def chosen(load):
+        c = DraftLength(*flat, max_gamma=6, load=load)
+        for _ in range(EXPLORE + 40):
+            c.observe("model", 6, 4)
+        return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
+
+    alone, pair = _batch_of(1, [0.7] * 10), _batch_of(2, [0.7] * 10)
+    alone._batcher.gap = pair._batcher.gap = 0.5
+    assert chosen(alone) == chosen(None) >= 3
+    assert chosen(pair) < chosen(None)
 
 
 def test_a_joining_row_starts_from_the_batchs_pooled_record():
@@ -281,3 +303,22 @@ def test_generate_batch_gives_each_prompt_the_output_generate_gives_it(pair):
         generate_batch(*pair, [], "ar")
     with pytest.raises(ValueError, match="rows must be"):
         generate_batch(*pair, PROMPTS, "ar", rows=0)
+
+
+def test_a_reduced_draft_vocabulary_runs_its_rows_together_on_the_cut_head(pair, monkeypatch):
+    from multispec import generate_batch
+    from multispec.models.vocab import top_ids
+
+    target, draft = pair
+    monkeypatch.setattr(draft, "token_counts", torch.bincount(torch.arange(64) % 40, minlength=64))
+    cut = draft.with_head_rows(top_ids(draft.token_counts, 16, draft.stop_tokens))  # the one `draft_vocab` makes
+    fed, original = [], cut.forward_rows
+    monkeypatch.setattr(cut, "forward_rows", lambda cache, feeds: fed.append(len(feeds)) or original(cache, feeds))
+    method = "sd:gamma=3,draft_vocab=16"
+    got = generate_batch(target, draft, PROMPTS, method, max_new_tokens=8, temperature=1.0, seed=40, score=False)
+    want = [
+        generate(target, draft, p, method, max_new_tokens=8, temperature=1.0, seed=40 + i, score=False).token_ids
+        for i, p in enumerate(PROMPTS)
+    ]
+    assert [r.token_ids for r in got] == want
+    assert fed and max(fed) > 1  # the rows' draft steps ran in one forward on the cut head

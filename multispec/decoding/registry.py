@@ -5,9 +5,10 @@ elsewhere."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..params import short_repr
@@ -147,8 +148,23 @@ METHODS: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
+    if "draft_vocab" in method.params:
+        method = replace(method, run=_with_draft_vocab(method.run))
     METHODS[method.name] = method
     return method
+
+
+def _with_draft_vocab(run: Callable) -> Callable:
+    """`run` taking `draft_vocab` too: the session's draft is reduced to it before the method starts (`generate`
+    reduces it itself and passes none)."""
+
+    @functools.wraps(run)
+    def reduced(s, *args, draft_vocab: int | None = None, **params):
+        if draft_vocab is not None:
+            s.reduce_draft(draft_vocab)
+        return run(s, *args, **params)
+
+    return reduced
 
 
 def get_method(name: str) -> Method:

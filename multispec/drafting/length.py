@@ -73,7 +73,7 @@ class DraftLength:
         been tried fewer than EXPLORE times is tried with one draft first: without a record an option that
         costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
-        load = self.load
+        load = None if self.load is None or self.load.alone else self.load  # a lone row prices as one sequence
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
         if load is None:
             target = self.target_cost.curve(target_pending + longest, tokens).tolist()

@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME=N",
         help="bound what one request may ask for (repeatable): body_bytes, prompt_tokens, max_tokens, "
-        "messages, stop_strings, stop_length, tree_nodes, gamma, max_unchecked, rows, ngram (defaults: "
+        "messages, stop_strings, stop_length, tree_nodes, gamma, max_unchecked, rows, ngram, draft_vocabs (defaults: "
         "`multispec.entrypoints.serve.Limits`)",
     )
     _pair_args(sv)

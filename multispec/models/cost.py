@@ -176,7 +176,12 @@ def forward_cost(
     `masked`: the forward given an explicit attention mask, as a tree's is (it may take a slower attention
     path than the causal one). `here`: measured in this process, not read from the cache folder (a compiled
     model's kernels are autotuned per process, and its bucket route comes from this measurement).
-    `batch_invariant`: as the forwards it prices are called (False for a draft's: `LanguageModel.forward`)."""
+    `batch_invariant`: as the forwards it prices are called (False for a draft's: `LanguageModel.forward`).
+    A stand-in for a model (a batch row's, `multispec.batching.RowModel`) has it measured on the model itself,
+    where the stand-in says (`measure_alone`: between the batch's forwards, on fresh caches)."""
+    measure_alone = getattr(model, "measure_alone", None)
+    if measure_alone is not None:
+        return measure_alone(lambda m: forward_cost(m, tokens, masked, here, batch_invariant))
     if batch_invariant:
         model.prepare()  # a target's kernels (compile=True may run batch-invariant steps: decided once per machine)
     key = cost_key(model, masked, batch_invariant)

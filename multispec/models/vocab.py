@@ -111,7 +111,8 @@ def reduce_vocab(model: LanguageModel, n: int, ids: torch.Tensor | None = None) 
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.numel() != n or ids.unique().numel() != n or int(ids.min()) < 0 or int(ids.max()) >= model.vocab_size:
         raise ValueError(f"draft_vocab: {n} distinct token ids below {model.vocab_size} are needed")
-    cut = getattr(type(model), "with_head_rows", None)  # the class's: a stand-in's attribute lookups reach its model
+    # the class's method: a stand-in's attribute lookups reach its model; None where the head cannot be cut
+    cut = getattr(type(model), "with_head_rows", None)
     made[n] = ReducedVocab(model, ids, cut(model, ids) if cut is not None else None)
     return made[n]
 

@@ -6,7 +6,6 @@ import torch
 
 from multispec import generate
 from multispec.decoding import get_method
-from multispec.decoding.tree import decode_mcsd
 from multispec.drafting import DraftChain, DraftTree, setup_of, top_children
 from multispec.engine import Entries, ModelRunner, Session
 from multispec.models.markov import random_markov_pair
@@ -185,7 +184,8 @@ def test_mcsd_continues_from_its_compacted_cache():
     # committed sequence
     model, draft = tiny_llama(seed=0), tiny_llama(seed=1)
     s = Session(model, draft, PROMPT, Sampling(1.0), 20, torch.Generator().manual_seed(5))
-    decode_mcsd(s, **get_method("mcsd").resolve({"k_config": "3x2x1"}))
+    mcsd = get_method("mcsd")
+    mcsd.run(s, **mcsd.resolve({"k_config": "3x2x1"}))
     assert s.counters["rejections"] > 0 and s.counters["accepted"] > 0  # paths other than node 0 were kept
     for runner, m in ((s.target, model), (s.draft, draft)):
         with torch.no_grad():

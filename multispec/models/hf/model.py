@@ -19,6 +19,8 @@ from .graphs import CapturedSteps
 from .inputs import StepInputs, row_inputs, step_inputs
 from .kernels import COMPILED_TOKENS, FAST, INVARIANT, INVARIANT_DPBF16, VARIANTS, invariant_rows
 
+MAX_HEADS = 4  # cut output heads (`with_head_rows`) a model keeps
+
 
 class HFModel(LanguageModel):
     keeps_measurements = True  # its cost curves are kept in this machine's store (`cost.forward_cost`)
@@ -49,6 +51,7 @@ class HFModel(LanguageModel):
         self.use_chat_template = chat
         # how often the target writes each token ([vocab_size] counts, kept beside a draft: `models.vocab`)
         self.token_counts: torch.Tensor | None = None
+        self._heads: dict[tuple[int, ...], HFModel] = {}  # `with_head_rows`: the cut heads made, by their ids
         # sliding-window attention (Mistral, Gemma 2/3, ...): our mask replaces the model's own, so the window
         # is applied here; `mixed`: some layers slide and others attend to everything
         window = getattr(cfg, "sliding_window", None)
@@ -142,6 +145,9 @@ class HFModel(LanguageModel):
     def with_head_rows(self, ids: torch.Tensor) -> HFModel:
         """This model with an output head of only the rows `ids` ([n]: its logits are those tokens', in that order),
         sharing every other weight (a reduced draft vocabulary, `multispec.models.vocab`)."""
+        key = tuple(ids.tolist())
+        if key in self._heads:
+            return self._heads[key]
         head = self.model.get_output_embeddings()
         if not isinstance(head, torch.nn.Linear):
             raise ValueError(f"{self.name}'s output head is not a linear map: its vocabulary cannot be reduced")
@@ -161,9 +167,12 @@ class HFModel(LanguageModel):
         shell._modules = dict(self.model._modules)
         shell.set_output_embeddings(small)
         compile = INVARIANT if self.steps.kernel == INVARIANT and self.compile else self.compile
-        return HFModel(
+        if len(self._heads) >= MAX_HEADS:  # each holds a copy of its rows: a bounded number are kept
+            self._heads.pop(next(iter(self._heads)))
+        self._heads[key] = HFModel(
             shell, None, name=f"{self.name}[head={ids.numel()}]", chat=self.use_chat_template, compile=compile
         )
+        return self._heads[key]
 
     @torch.inference_mode()
     def _probe(self):
