@@ -16,7 +16,6 @@ from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.hf import HFModel, default_dtype
-from .models.vocab import reduce_vocab
 from .params import DEFAULT_METHOD, parse_method
 from .result import Result, Stats
 from .warp import Sampling
@@ -231,9 +230,7 @@ def generate(
         draft = None
     if draft is not None:
         check_compatible(target, draft)
-    vocab = params.pop("draft_vocab", None)  # a property of the draft, not of the method's run
-    if draft is not None and vocab is not None:
-        draft = reduce_vocab(draft, vocab)
+    vocab = params.pop("draft_vocab", None)  # a property of the draft, set on the session before the run
     prompt_ids = _prompt_ids(target, prompt, chat)
     room = target.max_length
     if room is not None and len(prompt_ids) >= room:
@@ -245,6 +242,9 @@ def generate(
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
 
     session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens, cancel)
+    if vocab is not None:
+        session.reduce_draft(vocab)
+        draft = session.draft_model  # its counters (compiles, fallbacks) are the reduced draft's
     seconds_before, compiles_before, captures_before = _compiling(target, draft)
     fallbacks_before = [len(getattr(m, "fallbacks", ())) for m in (target, draft)]
     t0 = time.perf_counter()
