@@ -309,6 +309,10 @@ class Session:
         on_tokens: Callable[[list[int]], bool | None] | None = None,
         cancel: threading.Event | None = None,
     ):
+        if getattr(draft, "reads_target_features", False):  # a feature-level draft (`models.eagle`)
+            from .models.features import FeatureTarget
+
+            target = FeatureTarget(target, draft.feature_layers)
         self.target_model, self.draft_model = target, draft
         self.target = ModelRunner(target)
         self.draft: ModelRunner | None = None  # the draft model's runner, made by `draft_runner` for a drafter
@@ -386,6 +390,8 @@ class Session:
             raise ValueError("this generation has no draft model")
         if self.draft is None:
             self.draft = ModelRunner(self.draft_model, batch_invariant=False)  # only the target's logits decide
+            if getattr(self.draft_model, "reads_target_features", False):
+                self.draft_model.attach(self.draft.cache, self.target.cache)
         return self.draft
 
     def commit(

@@ -34,6 +34,12 @@ class ModelDrafter(Drafter):
             self.runner.commit(len(context))
         self._pending = None
 
+    def _waits(self, context: list[int]) -> bool:
+        """Whether the draft must wait for the target before drafting (a feature-level draft whose features of the
+        committed tokens the target has not computed yet: the first iteration)."""
+        waits = getattr(self.runner.model, "waits_for_target", None)
+        return waits is not None and waits(self.runner.cache, len(context))
+
     def _proposed(self, context: list[int], entries: list[int | None]) -> None:
         """Remember, for `accept`, each proposed node's tentative entry in the cache (None: not fed)."""
         self._pending = (len(context), entries)
@@ -67,7 +73,7 @@ class DraftChain(ModelDrafter):
     def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
         g = len(shape)
         self._start(context)
-        if g == 0:
+        if g == 0 or self._waits(context):
             return self.setup.empty()
         sampling = self.setup.sampling
         probs, tokens = [], []
@@ -123,7 +129,7 @@ class DraftTree(ModelDrafter):
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self._start(context)
-        tree = self.tree(shape) if shape_depth(shape) else None
+        tree = self.tree(shape) if shape_depth(shape) and not self._waits(context) else None
         if tree is None or tree.size == 0:
             return self.setup.empty()
         logits = self.runner.feed([context])[0, -1:]  # [1, V]: the root

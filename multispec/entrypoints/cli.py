@@ -132,9 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--alpha", type=float, default=1e-3, help="family-wise significance level")
     c.add_argument(
         "--models",
-        choices=["markov", "history"],
+        choices=["markov", "history", "features"],
         default="markov",
-        help="Markov chains, or models whose law depends on the whole prefix (tests masks and caches)",
+        help="Markov chains, models whose law depends on the whole prefix (tests masks and caches), or a Markov "
+        "target with stand-in hidden states and a feature-level draft head reading them",
     )
     c.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     _sampling_args(c, 1.0)

@@ -8,6 +8,20 @@ def add_parser(sub) -> None:
     d.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
     d.add_argument("--out", default=None, help="output folder (teacher data, checkpoints, log, draft/)")
     d.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    d.add_argument(
+        "--kind",
+        choices=["draft", "eagle"],
+        default="draft",
+        help="draft: a small transformers model; eagle: a feature-level head that drafts from the target's hidden "
+        "states (EAGLE-3), written to --out/eagle in the speculators layout (default %(default)s)",
+    )
+    d.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=16384,
+        help="with --kind eagle: the head's vocabulary, the tokens the target's answers hold most "
+        "(default %(default)s)",
+    )
     d.add_argument("--prompts", type=int, default=768, help="training prompts from the pool (default %(default)s)")
     d.add_argument(
         "--self-prompts",

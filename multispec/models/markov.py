@@ -8,7 +8,9 @@ cache bookkeeping is exercised, and exact sequence probabilities are available f
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +27,7 @@ class MarkovCache:
 
 
 class MarkovLM(LanguageModel):
-    def __init__(self, transitions, eos_token_id: int | None = None, name: str = "markov"):
+    def __init__(self, transitions, eos_token_id: int | None = None, name: str = "markov", hidden_size: int = 0):
         t = torch.as_tensor(transitions, dtype=torch.float64)
         if t.dim() not in (2, 3) or t.shape[-1] != t.shape[-2]:
             raise ValueError(f"transitions must have shape [T, V, V] or [V, V], got {tuple(t.shape)}")
@@ -39,6 +41,28 @@ class MarkovLM(LanguageModel):
         self.eos_token_id = eos_token_id
         self.name = name
         self._log = self.transitions.log()
+        # a stand-in for hidden states (`hidden_features`): a fixed random vector per layer, position and token
+        self.hidden_size = hidden_size
+        self._capture = threading.local()
+
+    @contextlib.contextmanager
+    def hidden_features(self, layers: tuple[int, ...]):
+        """Within it, each forward appends to the yielded list one [B, n, hidden_size] tensor per layer in `layers`:
+        a fixed random function of (layer, position, token), standing in for a network's hidden states
+        (`models.features`)."""
+        if not self.hidden_size:
+            raise ValueError(f"{self.name} was made without hidden_size: it has no hidden states to expose")
+        out: list[torch.Tensor] = []
+        self._capture.layers, self._capture.out = tuple(layers), out
+        try:
+            yield out
+        finally:
+            self._capture.layers = None
+
+    def _features(self, layer: int, step: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        g = torch.Generator().manual_seed(1000 + layer)
+        table = torch.randn(self._log.shape[0], self.vocab_size, self.hidden_size, generator=g)
+        return table[step, tokens]
 
     @property
     def token_counts(self) -> torch.Tensor:
@@ -57,6 +81,8 @@ class MarkovLM(LanguageModel):
         if not self.stationary and int(positions.max()) >= self._log.shape[0]:
             raise ValueError(f"position {int(positions.max())} is past the chain's horizon {self._log.shape[0]}")
         logits = self._log[step, tokens]
+        for layer in getattr(self._capture, "layers", None) or ():
+            self._capture.out.append(self._features(layer, step, tokens))
         cache.length += n
         cache.batch = b
         return logits[:, -logits_to_keep:] if logits_to_keep else logits

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 from scipy import stats
 
 from ..api import generate
@@ -102,10 +103,12 @@ def check_method(
         pair_seed = seed * 1000 + i
         if models == "markov":
             target, draft = random_markov_pair(vocab, n_tokens + 1, pair_seed, concentration)
+        elif models == "features":  # a feature-level draft head reading the target's (stand-in) hidden states
+            target, draft = random_feature_pair(vocab, n_tokens + 1, pair_seed, concentration)
         elif models == "history":  # the law depends on the whole prefix, read through the attention mask
             target, draft = random_history_pair(vocab, pair_seed, concentration, max_length=n_tokens + 1)
         else:
-            raise ValueError(f"models must be 'markov' or 'history', got {models!r}")
+            raise ValueError(f"models must be 'markov', 'features' or 'history', got {models!r}")
         prompt = [int(np.random.default_rng(pair_seed).integers(vocab))]
         _, exact = target.sequence_distribution(prompt, n_tokens, sampling)
         counts = np.zeros(vocab**n_tokens, dtype=np.int64)
@@ -145,3 +148,17 @@ def check_method(
         alpha,
         results,
     )
+
+
+def random_feature_pair(vocab: int, horizon: int, seed: int, concentration: float = 1.0):
+    """A random Markov target with stand-in hidden states, and a random feature-level head (`models.eagle`) that
+    reads them, whose draft vocabulary leaves one token out (its draft probability is 0: the residual supplies it)."""
+    from ..models.eagle import EagleDraft, new_head
+
+    target, _ = random_markov_pair(vocab, horizon, seed, concentration)
+    target.hidden_size = 6
+    kept = torch.arange(vocab)[torch.arange(vocab) != seed % vocab]
+    head = new_head(target, draft_ids=kept, seed=seed)
+    with torch.no_grad():  # a sharper random head: its drafts differ from one another, and from the target
+        head.lm_head.weight.mul_(4.0)
+    return target, EagleDraft(head.double(), target, name="feature-head")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import threading
 from typing import Any
 
 import torch
@@ -173,6 +174,46 @@ class HFModel(LanguageModel):
             shell, None, name=f"{self.name}[head={ids.numel()}]", chat=self.use_chat_template, compile=compile
         )
         return self._heads[key]
+
+    def decoder_layers(self) -> torch.nn.ModuleList:
+        """The model's decoder layers, in order (transformers' `model.layers` of a causal LM)."""
+        base = getattr(self.model, "model", None)
+        layers = getattr(base, "layers", None) if base is not None else None
+        if not isinstance(layers, torch.nn.ModuleList):
+            raise ValueError(f"{self.name}: its decoder layers are not found at `model.layers`")
+        return layers
+
+    @contextlib.contextmanager
+    def hidden_features(self, layers: tuple[int, ...]):
+        """Within it, each forward (on this thread) appends to the list it yields the input of each decoder layer in
+        `layers` ([B, width, hidden]; `models.features`). Hooks on those layers, made once: outside it they return
+        at once."""
+        count = len(self.decoder_layers())
+        if any(not 0 <= i < count for i in layers):
+            raise ValueError(f"{self.name} has {count} decoder layers: no layer {max(layers)} to read")
+        if not hasattr(self, "_hooked"):
+            self._capture = threading.local()
+            self._hooked: set[int] = set()
+        for i in layers:
+            if i not in self._hooked:
+                self.decoder_layers()[i].register_forward_pre_hook(self._layer_input(i), with_kwargs=True)
+                self._hooked.add(i)
+        seen: dict[int, torch.Tensor] = {}
+        self._capture.seen = seen
+        out: list[torch.Tensor] = []
+        try:
+            yield out
+        finally:
+            self._capture.seen = None
+            out.extend(seen[i] for i in layers if i in seen)
+
+    def _layer_input(self, index: int):
+        def hook(module, args, kwargs):
+            seen = getattr(self._capture, "seen", None)
+            if seen is not None:
+                seen[index] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
 
     @torch.inference_mode()
     def _probe(self):

@@ -60,6 +60,9 @@ class DistillConfig:
     # close to the float32 target's (measured: NOTES.md and the draft-d8 results folder)
     on_policy: int = 0  # training prompts the draft answers itself before training (its answers scored by the target)
     extra_data: list[Path] = field(default_factory=list)  # teacher shards of earlier runs, added to training
+    kind: str = "draft"  # or "eagle": a feature-level head reading the target's hidden states (`eagle.py`)
+    draft_vocab: int = 16384  # a head's draft vocabulary: the tokens the target's training answers hold most
+    unroll: int = 2  # a head's training passes: 2 also trains its second draft on its own features
     init_from: Path | None = None  # start from this saved draft instead of a new one (hidden/init unused; more
     # layers or a narrower MLP reshape it, see model.reshape_draft)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -73,6 +76,10 @@ def distill(
     if (out / "checkpoint.pt").exists() and not resume:
         raise ValueError(f"{out} already holds a training run; pass --resume to continue it or choose another --out")
     data_dir = data_dir or default_data_dir()
+    if cfg.kind == "eagle":
+        from .eagle import distill_eagle
+
+        return distill_eagle(target, out, cfg, data_dir, resume, say, bar)
     if cfg.init_from is not None:  # checked before the (long) generation
         start = _load_draft(Path(cfg.init_from), target)
         if (cfg.layers or 10**9) < start.config.num_hidden_layers or (
@@ -82,6 +89,77 @@ def distill(
                 f"--init-from {cfg.init_from} has {start.config.num_hidden_layers} layers with MLP "
                 f"{start.config.intermediate_size}; reshaping only adds layers and narrows the MLP"
             )
+    data = teacher_data(target, out, cfg, data_dir, say, bar)
+    train_rows, eval_rows, eval_probs = data.train_rows, data.eval_rows, data.eval_probs
+    more_evals, teacher = data.more_evals, data.teacher
+
+    # the sliced init's residual basis and the reshape's MLP pruning are measured on the first training answers
+    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
+    if cfg.init_from is not None:
+        draft, how = start, f"from {cfg.init_from}"
+        layers = cfg.layers or start.config.num_hidden_layers
+        intermediate = cfg.intermediate or start.config.intermediate_size
+        if (layers, intermediate) != (start.config.num_hidden_layers, start.config.intermediate_size):
+            draft = reshape_draft(start, layers, intermediate, samples, seed=cfg.train.seed)
+            how += f", reshaped from {start.config.num_hidden_layers} layers with MLP {start.config.intermediate_size}"
+    else:
+        # a sliced draft inherits the target's whole MLP; a narrower one keeps the units that contribute most
+        prune = cfg.init == "sliced" and cfg.intermediate and cfg.intermediate < target.model.config.intermediate_size
+        config = draft_config(
+            target.model.config,
+            cfg.hidden,
+            cfg.layers or 4,
+            cfg.heads,
+            cfg.kv_heads,
+            intermediate=None if prune else cfg.intermediate,
+        )
+        draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
+        if prune:
+            draft = reshape_draft(draft, config.num_hidden_layers, cfg.intermediate, samples, seed=cfg.train.seed)
+        how = f"{cfg.init} init"
+    n_params = sum(p.numel() for p in draft.parameters())
+    say(
+        f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
+        f"{draft.config.intermediate_size} ({how}), "
+        f"{n_params / 1e6:.1f} M parameters"
+    )
+    if cfg.on_policy:
+        on_policy = _on_policy_rows(draft, teacher, train_rows, out / "on-policy", cfg, say, _progress(say, bar))
+        train_rows = train_rows + on_policy
+    del teacher  # the held-out measures are against the target itself
+    step_bar = None if bar is None else bar("training")
+    last = train(
+        draft,
+        target.tokenizer,
+        train_rows,
+        eval_rows,
+        eval_probs,
+        out,
+        cfg.train,
+        resume=resume,
+        say=say,
+        progress=step_bar,
+        more_evals=more_evals,
+    )
+    export(draft, target.tokenizer, out / "draft")
+    save_token_counts(out / "draft", answer_counts(train_rows, target.vocab_size), "the target's training answers")
+    say(f"draft saved to {out / 'draft'}")
+    return last
+
+
+@dataclass
+class TeacherData:
+    """The target's answers to the training prompts and to the held-out ones, with what evaluations need."""
+
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    eval_probs: list[torch.Tensor]  # the target's whole distribution at each held-out answer position
+    more_evals: dict  # further held-out sets by name: (rows, probabilities)
+    teacher: object  # the model that wrote the answers (the target, or its copy in the teacher dtype)
+
+
+def teacher_data(target, out: Path, cfg: DistillConfig, data_dir: Path, say, bar=None) -> TeacherData:
+    """Generate (or reuse: finished shards are kept) the teacher data of a run in `out`."""
     extra = []
     for folder in cfg.extra_data:
         shards = existing_shards(Path(folder))
@@ -120,8 +198,7 @@ def distill(
         train_prompts += written[: cfg.self_prompts]
         heldout_self = written[cfg.self_prompts :]
 
-    def gen_progress(label):
-        return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
+    gen_progress = _progress(say, bar)
 
     train_paths = build_dataset(
         teacher,
@@ -157,58 +234,16 @@ def distill(
     )
     eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
     more_evals = {"self": (self_rows, target_eval_probs(target, self_rows, cfg.train.max_length))} if self_rows else {}
+    return TeacherData(train_rows, eval_rows, eval_probs, more_evals, teacher)
 
-    # the sliced init's residual basis and the reshape's MLP pruning are measured on the first training answers
-    samples = [torch.cat([r["prompt_ids"], r["ids"]])[: cfg.train.max_length] for r in train_rows[:32]]
-    if cfg.init_from is not None:
-        draft, how = start, f"from {cfg.init_from}"
-        layers = cfg.layers or start.config.num_hidden_layers
-        intermediate = cfg.intermediate or start.config.intermediate_size
-        if (layers, intermediate) != (start.config.num_hidden_layers, start.config.intermediate_size):
-            draft = reshape_draft(start, layers, intermediate, samples, seed=cfg.train.seed)
-            how += f", reshaped from {start.config.num_hidden_layers} layers with MLP {start.config.intermediate_size}"
-    else:
-        # a sliced draft inherits the target's whole MLP; a narrower one keeps the units that contribute most
-        prune = cfg.init == "sliced" and cfg.intermediate and cfg.intermediate < target.model.config.intermediate_size
-        config = draft_config(
-            target.model.config,
-            cfg.hidden,
-            cfg.layers or 4,
-            cfg.heads,
-            cfg.kv_heads,
-            intermediate=None if prune else cfg.intermediate,
-        )
-        draft = build_draft(target.model, config, seed=cfg.train.seed, init=cfg.init, samples=samples)
-        if prune:
-            draft = reshape_draft(draft, config.num_hidden_layers, cfg.intermediate, samples, seed=cfg.train.seed)
-        how = f"{cfg.init} init"
-    n_params = sum(p.numel() for p in draft.parameters())
-    say(
-        f"draft: {draft.config.num_hidden_layers} layers x {draft.config.hidden_size} wide, MLP "
-        f"{draft.config.intermediate_size} ({how}), "
-        f"{n_params / 1e6:.1f} M parameters"
-    )
-    if cfg.on_policy:
-        train_rows = train_rows + _on_policy_rows(draft, teacher, train_rows, out / "on-policy", cfg, say, gen_progress)
-    del teacher  # the held-out measures are against the target itself
-    step_bar = None if bar is None else bar("training")
-    last = train(
-        draft,
-        target.tokenizer,
-        train_rows,
-        eval_rows,
-        eval_probs,
-        out,
-        cfg.train,
-        resume=resume,
-        say=say,
-        progress=step_bar,
-        more_evals=more_evals,
-    )
-    export(draft, target.tokenizer, out / "draft")
-    save_token_counts(out / "draft", answer_counts(train_rows, target.vocab_size), "the target's training answers")
-    say(f"draft saved to {out / 'draft'}")
-    return last
+
+def _progress(say, bar):
+    """Progress of generation by label: the bar's, or a line per batch."""
+
+    def gen_progress(label):
+        return (lambda i, n, path: i and say(f"{label}: batch {i}/{n} ready")) if bar is None else bar(label)
+
+    return gen_progress
 
 
 def answer_counts(rows: list[dict], vocab: int) -> torch.Tensor:

@@ -51,7 +51,17 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
-    _positive(args, "max-new-tokens", "gen-batch", "steps", "batch-tokens", "hidden", "eval-every", "checkpoint-every")
+    _positive(
+        args,
+        "max-new-tokens",
+        "gen-batch",
+        "steps",
+        "batch-tokens",
+        "hidden",
+        "eval-every",
+        "checkpoint-every",
+        "draft-vocab",
+    )
     for name in ("self-prompts", "on-policy"):
         if getattr(args, name.replace("-", "_")) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(args, name.replace('-', '_'))}")
@@ -79,6 +89,8 @@ def run(args) -> int:
         extra_data=[Path(x) for x in args.extra_data],
         init_from=Path(args.init_from) if args.init_from else None,
         teacher_dtype=args.teacher_dtype,
+        kind=args.kind,
+        draft_vocab=args.draft_vocab,
         train=TrainConfig(
             steps=args.steps,
             minutes=args.minutes,
@@ -115,5 +127,5 @@ def run(args) -> int:
     last = distill(
         target, out, cfg, data_dir=data_dir, resume=args.resume, say=lambda m: tqdm.write(m, file=sys.stderr), bar=bar
     )
-    print(json.dumps({"draft": str(out / "draft"), **last}))
+    print(json.dumps({"draft": str(out / ("eagle" if args.kind == "eagle" else "draft")), **last}))
     return 0

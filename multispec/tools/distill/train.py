@@ -19,6 +19,7 @@ import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,12 +43,15 @@ class TrainConfig:
 
 
 def coarse_kl(draft_logits: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
-    """Per-position KL(target || draft) over the buckets {top-K tokens of the target} + {the rest}."""
+    """Per-position KL(target || draft) over the buckets {top-K tokens of the target} + {the rest}. `top_idx` are
+    columns of `draft_logits`; -1: a token the draft cannot propose (a reduced draft vocabulary), counted in the
+    rest."""
     logq = torch.log_softmax(draft_logits.float(), -1)
-    q_top = logq.gather(-1, top_idx)
-    p_top = top_logp.exp()
+    kept = top_idx >= 0
+    q_top = torch.where(kept, logq.gather(-1, top_idx.clamp_min(0)), 0.0)
+    p_top = top_logp.exp() * kept
     p_tail = (1 - p_top.sum(-1)).clamp_min(0)
-    q_tail = torch.log((1 - q_top.exp().sum(-1)).clamp_min(1e-9))
+    q_tail = torch.log((1 - (q_top.exp() * kept).sum(-1)).clamp_min(1e-9))
     p_tail_log = torch.log(p_tail.clamp_min(1e-9))
     return (p_top * (top_logp - q_top)).sum(-1) + p_tail * (p_tail_log - q_tail)
 
@@ -107,14 +111,21 @@ def target_eval_probs(target, rows: list[dict], max_length: int = 512) -> list[t
 
 
 @torch.no_grad()
-def evaluate(draft, rows: list[dict], target_probs: list[torch.Tensor], max_length: int = 512) -> dict:
+def evaluate(
+    draft, rows: list[dict], target_probs: list[torch.Tensor], max_length: int = 512, forward=None, columns=None
+) -> dict:
+    """Held-out 1 - TV, greedy agreement and coarse KL against the target's distributions. `forward` and `columns`:
+    as `train` takes them."""
+    forward = forward or partial(_forward, draft)
     draft.eval()
     tv_sum = agree = kl_sum = n_total = 0.0
     for r, probs in zip(rows, target_probs, strict=True):
-        logits, top_idx, top_logp = _forward(draft, [r], max_length)
+        logits, top_idx, top_logp = forward([r], max_length)
         n = min(len(logits), len(probs))
         target = probs[:n].float().to(logits.device)
         q = torch.softmax(logits[:n].float(), -1)
+        if columns is not None:  # a reduced vocabulary's columns, placed among the target's ids
+            q = torch.zeros_like(target).index_copy_(-1, columns.to(q.device), q)
         tv_sum += float(0.5 * (target - q).abs().sum(-1).sum())
         agree += float((target.argmax(-1) == q.argmax(-1)).sum())
         kl_sum += float(coarse_kl(logits[:n], top_idx[:n], top_logp[:n]).sum())
@@ -157,14 +168,26 @@ def train(
     say=print,
     progress=None,
     more_evals: dict[str, tuple[list[dict], list[torch.Tensor]]] | None = None,
+    forward=None,
+    columns: torch.Tensor | None = None,
+    save=None,
 ) -> dict:
-    """`more_evals` names further held-out sets (rows, target probabilities), logged as `eval_<name>_*`."""
+    """Train `draft` on the teacher rows, with checkpoints (resumable) and held-out evaluations.
+
+    `more_evals` names further held-out sets (rows, target probabilities), logged as `eval_<name>_*`. A draft that
+    is not a transformers causal LM (a feature-level head) brings `forward(rows, max_length, dtype=...)` -> (logits
+    [N, C], the target's top-K as columns of them (-1: none) [N, K], their log-probabilities [N, K]), `columns`
+    (the target id of each of the C columns; None: C is the target's vocabulary) and `save(folder)`, its export.
+    """
+    forward = forward or partial(_forward, draft)
+    save = save or partial(export, draft, tokenizer)
     if not train_rows:
         raise ValueError("no teacher answers to train on (every answer was empty)")
     if cfg.dtype not in ("bfloat16", "float32"):
         raise ValueError(f"training dtype must be bfloat16 or float32, got {cfg.dtype!r}")
     torch.manual_seed(cfg.seed)
-    optim = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
 
     def progress_of(step: int, seconds: float) -> float:  # the share of the budget (steps or time) used
         by_time = seconds / (60 * cfg.minutes) if cfg.minutes else 0.0
@@ -192,14 +215,14 @@ def train(
             f.write(json.dumps(entry) + "\n")
 
     def evaluations() -> tuple[dict, str]:
-        ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length)
+        ev = evaluate(draft, eval_rows, eval_probs, cfg.max_length, forward, columns)
         entry = {f"eval_{k}": v for k, v in ev.items()}
         text = (
             f"held-out 1-TV {ev['one_minus_tv']:.3f}, greedy agreement {ev['greedy_agreement']:.3f}, "
             f"KL {ev['coarse_kl']:.3f}"
         )
         for name, (rows, probs) in (more_evals or {}).items():
-            more = evaluate(draft, rows, probs, cfg.max_length)
+            more = evaluate(draft, rows, probs, cfg.max_length, forward, columns)
             entry |= {f"eval_{name}_{k}": v for k, v in more.items()}
             text += f"; {name}: 1-TV {more['one_minus_tv']:.3f}, agreement {more['greedy_agreement']:.3f}"
         return entry, text
@@ -227,11 +250,11 @@ def train(
         position += 1
         for group in optim.param_groups:
             group["lr"] = lr_at(step, spent + time.perf_counter() - t0)
-        logits, top_idx, top_logp = _forward(draft, rows, cfg.max_length, cfg.dtype)
+        logits, top_idx, top_logp = forward(rows, cfg.max_length, dtype=cfg.dtype)
         loss = coarse_kl(logits, top_idx, top_logp).mean()
         optim.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optim.step()
         step += 1
         tokens += len(logits)
@@ -265,5 +288,5 @@ def train(
                 },
                 ckpt_path,
             )
-            export(draft, tokenizer, out / "draft")
+            save(out / "draft")
     return last
