@@ -15,6 +15,7 @@ from .engine import Session
 from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
+from .models.eagle import is_eagle, load_eagle
 from .models.hf import HFModel, default_dtype
 from .params import DEFAULT_METHOD, parse_method
 from .result import Result, Stats
@@ -110,8 +111,9 @@ def load_pair(
 
     Args:
         target: a default name (`DEFAULT_NAMES`), a hub id or a local path; None: the default target.
-        draft: the same for the draft; None: the default draft with the default target, else no draft (use
-            `ar`, `beam` or a copying drafter, or pass one).
+        draft: the same for the draft, or a folder holding a feature-level head (EAGLE-3, `multispec distill
+            --kind eagle` or the speculators layout vLLM and SGLang read: `models.eagle`); None: the default draft
+            with the default target, else no draft (use `ar`, `beam` or a copying drafter, or pass one).
         device: a torch device ("cpu", "cuda", "cuda:1"); None: the CPU.
         dtype: "float32", "bfloat16" or "float16", for both; None: bfloat16 where the hardware has fast
             bfloat16, else float32.
@@ -129,6 +131,8 @@ def load_pair(
     target_model = load_model(target, device, dtype=dtype, device_map=device_map, compile=compile)
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
+    elif draft is not None and is_eagle(draft):  # a feature-level head: drafts from the target's hidden states
+        draft_model = load_eagle(draft, target_model)
     else:
         draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=bool(compile))
     if draft_model is not None:

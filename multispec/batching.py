@@ -278,7 +278,9 @@ class Batcher:
                 prompt = _prompt_ids(self.models["target"], prompt, kwargs.pop("chat", True))
         # a row holds the prompt, the output and one iteration's drafts; a request that may need more runs alone
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-        if self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity):
+        # a feature-level draft reads its target's hidden states from the target's own forward: it runs alone
+        features = getattr(self.models["draft"], "reads_target_features", False)
+        if features or (self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity)):
             return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
         asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))

@@ -94,7 +94,7 @@ class BeamDraft(ModelDrafter):
     def propose(self, context: list[int], shape: tuple[int, ...]) -> Proposal:
         g = len(shape)
         self._start(context)
-        if g == 0:
+        if g == 0 or self._waits(context):
             return self.setup.empty()
         logits = self.runner.feed([context])[0, -1:]  # [1, V]: the root
         parents: list[int] = []  # beam tree, breadth first
@@ -302,7 +302,7 @@ class ForestDraft(ModelDrafter):
         rows, runner, setup = context.rows, self.runner, self.setup
         forest = Forest([], [], [])
         self._pending = (len(rows[0]), forest)
-        if not shape:
+        if not shape or self._waits(rows[0]):
             return forest
         logits = runner.feed(rows)[:, -1]  # [B, V]: after each hypothesis
         scores = context.scores.double().to(logits.device)
@@ -333,6 +333,8 @@ class ForestDraft(ModelDrafter):
         length, forest = self._pending
         self._pending = None
         sources, kept = outputs_in_rows(forest.roots, forest.draft_paths, verdict)
+        if self.refeeds:
+            kept = [[] for _ in kept]
         self.runner.commit(length + verdict.depth, kept, sources)
 
 

@@ -27,6 +27,9 @@ class ModelDrafter(Drafter):
     def __init__(self, runner: ModelRunner, setup: Setup):
         self.runner, self.setup = runner, setup
         self._pending: tuple[int, list[int | None]] | None = None  # (context length, each node's cache entry)
+        # a feature-level draft fed its drafts its own features: the accepted ones are fed again, with the
+        # target's, rather than kept (`models.eagle`)
+        self.refeeds = bool(getattr(runner.model, "reads_target_features", False))
 
     def _start(self, context: list[int]) -> None:
         """Drop tentative entries a proposal left without a verdict, so the cache holds a prefix of `context`."""
@@ -50,7 +53,7 @@ class ModelDrafter(Drafter):
         length, entries = self._pending
         self._pending = None
         kept = []
-        for node in verdict.accepted:
+        for node in [] if self.refeeds else verdict.accepted:
             entry = entries[node] if node < len(entries) else None
             if entry is None or entry >= self.runner.tentative:
                 break

@@ -466,6 +466,9 @@ def load_eagle(folder: str | Path, target: LanguageModel, name: str | None = Non
     layer_dict = dict(config.get("transformer_layer_config") or config)
     if config.get("speculators_model_type", "eagle3") != "eagle3":
         raise ValueError(f"{folder}: speculators_model_type {config['speculators_model_type']!r}, not 'eagle3'")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no .safetensors weights (.bin checkpoints are not read)")
     layer_dict.setdefault("model_type", "llama")
     if layer_dict["model_type"] not in ("llama",):
         raise ValueError(f"{folder}: a head of {layer_dict['model_type']!r} layers; Llama-style layers are read")
@@ -477,9 +480,6 @@ def load_eagle(folder: str | Path, target: LanguageModel, name: str | None = Non
         raise ValueError(f"{folder}: its layer config cannot be read ({e})") from None
     if getattr(layer, "num_hidden_layers", 1) != 1:
         raise ValueError(f"{folder}: heads of one decoder layer are read; this one has {layer.num_hidden_layers}")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder}: no .safetensors weights (.bin checkpoints are not read)")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -493,6 +493,8 @@ def load_eagle(folder: str | Path, target: LanguageModel, name: str | None = Non
         if target_count is None:
             raise ValueError(f"{folder}: the head names no target layers and {target.name} has none to count")
         ids = default_layers(target_count)
+    if target_count is not None and any(not 0 <= int(i) < target_count for i in ids):
+        raise ValueError(f"{folder}: the head reads layers {list(ids)}; {target.name} has {target_count} layers")
     hidden = layer.hidden_size
     target_hidden = config.get("target_hidden_size") or state["fc.weight"].shape[1] // len(ids)
     if state.get("fc.weight") is None or tuple(state["fc.weight"].shape) != (hidden, len(ids) * target_hidden):

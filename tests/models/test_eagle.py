@@ -1,0 +1,213 @@
+"""Feature-level draft heads (`multispec.models.eagle`) and the target that keeps its features
+(`multispec.models.features`): the law stays the target's, greedy stays `ar`'s, the head reads the target's features
+of exactly the committed tokens, and heads in the speculators layout load."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from multispec import generate, generate_batch
+from multispec.models.eagle import EagleDraft, is_eagle, load_eagle, new_head, save_eagle
+from multispec.models.features import FeatureTarget
+from multispec.tools.check import check_method
+from tests.conftest import tiny_llama
+from tests.wrong_rules import target_over_draft_vocab_verify
+
+RUNS = 2000
+
+
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("sd", {"gamma": 2}),
+        pytest.param("mcsd", {"k_config": "2x1"}, marks=pytest.mark.slow),
+        pytest.param("sd", {"gamma": "auto"}, marks=pytest.mark.slow),
+    ],
+)
+def test_a_head_reading_the_targets_features_keeps_the_target_law(method, params):
+    # the head's vocabulary leaves one of the four tokens out: the residual must supply it
+    report = check_method(method, runs=RUNS, pairs=1, vocab=4, n_tokens=4, seed=2, models="features", **params)
+    assert report.passed, report.pairs
+
+
+def test_renormalising_the_target_over_the_heads_vocabulary_fails_the_same_check(monkeypatch):
+    import multispec.decoding.sd
+
+    monkeypatch.setattr(multispec.decoding.sd, "speculative_verify", target_over_draft_vocab_verify)
+    report = check_method("sd", runs=RUNS, pairs=1, vocab=4, n_tokens=4, seed=2, models="features", gamma=2)
+    assert not report.passed
+
+
+class Recording(EagleDraft):
+    """A head that keeps the caches it made, to look into after a generation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.caches = []
+
+    def new_cache(self):
+        cache = super().new_cache()
+        self.caches.append(cache)
+        return cache
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(layers=4, seed=3)
+
+
+@pytest.mark.parametrize("method", ["sd:gamma=3", "mcsd:k_config=2x2", "specinfer:k_config=2x2"])
+def test_the_head_reads_the_targets_features_of_exactly_the_committed_tokens(target, method):
+    head = new_head(target, seed=4)
+    draft = Recording(head, target)
+    prompt = [5, 17, 3, 42, 8]
+    out = generate(target, draft, prompt, method=method, max_new_tokens=24, temperature=1.0, seed=7)
+    assert out.stats.drafted > 0
+    tokens = prompt + out.token_ids
+    cache = draft.caches[-1]
+    held = cache.length
+    assert held >= len(tokens) - 8  # every committed token but the last iterations' is held
+    # one forward of the target over the whole text gives every position's features; the head's entries, fed one
+    # iteration at a time, must be those it makes from them in one pass
+    wrapped = FeatureTarget(target, head.cfg.target_layers)
+    whole = wrapped.new_cache()
+    wrapped.forward(whole, torch.tensor([tokens]))
+    reference = draft.new_cache()
+    draft.attach(reference, whole)
+    draft.forward(reference, torch.tensor([tokens[:held]]))
+    assert torch.allclose(cache.keys, reference.keys, atol=1e-4)
+    assert torch.allclose(cache.out, reference.out, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["sd:gamma=3", "mcsd:k_config=2x2", "sd:gamma=auto,drafter=hybrid", "bild", "mtad"])
+def test_greedy_with_a_head_is_greedy_ar(target, method):
+    draft = EagleDraft(new_head(target, draft_ids=torch.arange(0, 64, 2), seed=5), target)
+    prompt = [1, 5, 9, 3]
+    ar = generate(target, None, prompt, method="ar", max_new_tokens=20, temperature=0)
+    assert generate(target, draft, prompt, method=method, max_new_tokens=20, temperature=0).token_ids == ar.token_ids
+
+
+def test_a_head_in_a_batch_runs_alone_with_generates_tokens(target):
+    draft = EagleDraft(new_head(target, seed=6), target)
+    prompts = [[1, 5, 9, 3], [7, 7, 2]]
+    alone = [generate(target, draft, p, method="sd:gamma=2", max_new_tokens=12, temperature=0) for p in prompts]
+    batch = generate_batch(target, draft, prompts, "sd:gamma=2", rows=2, max_new_tokens=12, temperature=0)
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+
+
+def _speculators_head(folder, target, midlayer=False, embed=False, seed=0):
+    """A tiny random head written by hand in the speculators layout (names and config as vLLM reads them), not
+    through `save_eagle`."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = target.model.config
+    h, heads, kv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd, inter, vocab, draft_vocab = h // heads, 48, cfg.vocab_size, 32
+    layer = "midlayer" if midlayer else "layers.0"
+    selected = torch.arange(0, 64, 2)  # draft id d is target id 2d
+    weights = {
+        "fc.weight": torch.randn(h, 3 * h, generator=g) * 0.1,
+        f"{layer}.self_attn.q_proj.weight": torch.randn(heads * hd, 2 * h, generator=g) * 0.1,
+        f"{layer}.self_attn.k_proj.weight": torch.randn(kv * hd, 2 * h, generator=g) * 0.1,
+        f"{layer}.self_attn.v_proj.weight": torch.randn(kv * hd, 2 * h, generator=g) * 0.1,
+        f"{layer}.self_attn.o_proj.weight": torch.randn(h, heads * hd, generator=g) * 0.1,
+        f"{layer}.mlp.gate_proj.weight": torch.randn(inter, h, generator=g) * 0.1,
+        f"{layer}.mlp.up_proj.weight": torch.randn(inter, h, generator=g) * 0.1,
+        f"{layer}.mlp.down_proj.weight": torch.randn(h, inter, generator=g) * 0.1,
+        f"{layer}.input_layernorm.weight": torch.ones(h),
+        f"{layer}.hidden_norm.weight": torch.ones(h),
+        f"{layer}.post_attention_layernorm.weight": torch.ones(h),
+        "norm.weight": torch.ones(h),
+        "lm_head.weight": torch.randn(draft_vocab, h, generator=g),
+        "d2t": selected - torch.arange(draft_vocab),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, selected, True),
+    }
+    if embed:
+        weights["embed_tokens.weight"] = torch.randn(vocab, h, generator=g)
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": "tiny", "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": {
+            "model_type": "llama",
+            "vocab_size": vocab,
+            "hidden_size": h,
+            "intermediate_size": inter,
+            "num_hidden_layers": 1,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 128,
+        },
+        "draft_vocab_size": draft_vocab,
+        "norm_before_residual": False,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("midlayer, embed", [(False, False), (True, True)])
+def test_a_speculators_head_loads_and_every_method_runs_on_it(target, tmp_path, midlayer, embed):
+    folder = _speculators_head(tmp_path / "head", target, midlayer=midlayer, embed=embed)
+    assert is_eagle(folder) and not is_eagle(tmp_path)
+    draft = load_eagle(folder, target)
+    assert draft.feature_layers == (2, 2, 1)  # EAGLE-3's low, middle and high layers of a 4-layer target
+    assert sorted(draft.ids.tolist()) == list(range(0, 64, 2))
+    assert draft.head.shared_embed if not embed else not draft.head.shared_embed
+    prompt = [1, 5, 9, 3]
+    ar = generate(target, None, prompt, method="ar", max_new_tokens=16, temperature=0)
+    for method in ("sd:gamma=3", "specinfer:k_config=2x2", "mjsd", "batch-sd"):
+        assert generate(target, draft, prompt, method=method, max_new_tokens=16, temperature=0).token_ids == (
+            ar.token_ids
+        ), method
+    sampled = generate(target, draft, prompt, method="dsbd", max_new_tokens=16, temperature=1.0, seed=1)
+    assert len(sampled.token_ids) == 16
+    # written back and read again: the same drafts
+    again = load_eagle(save_eagle(draft.head, tmp_path / "again"), target)
+    a = generate(target, draft, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=1.0, seed=2)
+    b = generate(target, again, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=1.0, seed=2)
+    assert a.token_ids == b.token_ids
+
+
+def test_heads_that_do_not_fit_are_refused_clearly(target, tmp_path):
+    folder = _speculators_head(tmp_path / "head", target)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 2, 9]}))
+    with pytest.raises(ValueError, match=r"reads layers \[1, 2, 9\]; .* has 4 layers"):
+        load_eagle(folder, target)
+    other = tiny_llama(hidden=64, layers=4)
+    with pytest.raises(ValueError, match="reads hidden states of width 32"):
+        load_eagle(_speculators_head(tmp_path / "narrow", target), other)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    with pytest.raises(ValueError, match="no .safetensors weights"):
+        load_eagle(tmp_path / "empty", target)
+    with pytest.raises(ValueError, match="not 'eagle3'"):
+        (tmp_path / "empty" / "config.json").write_text(json.dumps({"speculators_model_type": "mlp"}))
+        load_eagle(tmp_path / "empty", target)
+
+
+def test_the_feature_cache_follows_every_cache_operation(target):
+    wrapped = FeatureTarget(target, (0, 2))
+    cache = wrapped.new_cache()
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    wrapped.forward(cache, tokens)
+    full = cache.features.clone()
+    assert full.shape == (1, 6, 2 * 32)
+    wrapped.keep_positions(cache, torch.tensor([0, 1, 3]))
+    assert torch.equal(cache.features, full[:, [0, 1, 3]])
+    wrapped.crop(cache, 2)
+    assert torch.equal(cache.features, full[:, :2])
+    wrapped.select_rows(cache, torch.tensor([0, 0]))
+    assert cache.features.shape == (2, 2, 64)
+    with pytest.raises(ValueError, match="does not expose its hidden states"):
+        FeatureTarget(EagleDraft(new_head(target), target), (0,))
