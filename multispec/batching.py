@@ -19,6 +19,7 @@ row per path) run alone: the scheduler runs such a generation whole between two 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,8 @@ class _Feed:
     logits: torch.Tensor | None = None
     error: BaseException | None = None
     model: Any = None  # the model to run it on, when not the role's (a draft with a reduced head, `with_head_rows`)
+    layers: tuple[int, ...] | None = None  # the layers whose inputs to keep (a feature-level draft's target)
+    features: list | None = None  # then: per layer, [1, n, hidden] of the fed tokens
 
 
 class RowLoad:
@@ -95,6 +98,8 @@ class RowLoad:
     def draft_step(self, width: int) -> float:
         """Seconds of one draft forward over every row, `width` entries wide."""
         batcher = self._batcher
+        if "draft" not in batcher.caches:  # a draft whose rows run one after another (a feature-level head)
+            return self.rows * batcher.single_cost("draft")(width) + batcher.gap
         entries = batcher.entries("draft", self.rows, width)
         return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
 
@@ -139,6 +144,7 @@ class RowModel(LanguageModel):
     def __init__(self, batcher: Batcher, role: str, model, row: int):
         self._batcher, self._role, self._model, self._row = batcher, role, model, row
         self._row_cache: RowKV | None = None
+        self._capture: tuple[tuple[int, ...], list] | None = None  # `hidden_features`: the layers, where to put them
         if role == "target" and batcher.batched:
             self.batch_load = RowLoad(batcher, row)
         # what `LanguageModel` gives defaults for is read from the model, not the defaults
@@ -164,7 +170,24 @@ class RowModel(LanguageModel):
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         row = self._row if cache is self._row_cache else None
         args = (tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant)
-        return self._batcher._submit(_Feed(self._role, row, cache, args, model=self._model))
+        capture = self._capture
+        feed = _Feed(self._role, row, cache, args, model=self._model, layers=capture[0] if capture else None)
+        logits = self._batcher._submit(feed)
+        if capture is not None:
+            capture[1].extend(feed.features)
+        return logits
+
+    @contextlib.contextmanager
+    def hidden_features(self, layers: tuple[int, ...]):
+        """The model's `hidden_features`, for forwards that run on the scheduler's thread (`models.features`)."""
+        if not hasattr(self._model, "hidden_features"):
+            raise ValueError(f"{self.name} does not expose its hidden states")
+        out: list = []
+        self._capture = (tuple(layers), out)
+        try:
+            yield out
+        finally:
+            self._capture = None
 
     def measure_alone(self, measure: Callable[[Any], Any]) -> Any:
         """`measure(model)` on the model itself, on the scheduler's thread between batched forwards (a cost curve
@@ -231,12 +254,19 @@ class Batcher:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         self.models = {"target": target, "draft": draft}
         given = {role: model for role, model in self.models.items() if model is not None}
-        # whether every model decodes in batched forwards (else each sequence keeps caches of its own)
-        self.batched = all(getattr(m, "static", False) and hasattr(m, "forward_rows") for m in given.values())
+        # whether every model decodes in batched forwards (else each sequence keeps caches of its own); a
+        # feature-level draft (`models.eagle`) keeps a cache per sequence beside a batched target, and its rows'
+        # forwards run one after another (it reads its target's hidden states from the batched forwards)
+        head = getattr(draft, "reads_target_features", False)
+        self.batched = all(_batchable(m) or (role == "draft" and head) for role, m in given.items())
         self.rows, self.capacity = rows, capacity
         # the row's entries: a prompt and output up to `capacity`, plus a step's padding past them
         self.caches = (
-            {role: model.new_batch_cache(rows, capacity + PROMPT_TOKENS + 64) for role, model in given.items()}
+            {
+                role: model.new_batch_cache(rows, capacity + PROMPT_TOKENS + 64)
+                for role, model in given.items()
+                if _batchable(model)
+            }
             if self.batched
             else {}
         )
@@ -278,9 +308,7 @@ class Batcher:
                 prompt = _prompt_ids(self.models["target"], prompt, kwargs.pop("chat", True))
         # a row holds the prompt, the output and one iteration's drafts; a request that may need more runs alone
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-        # a feature-level draft reads its target's hidden states from the target's own forward: it runs alone
-        features = getattr(self.models["draft"], "reads_target_features", False)
-        if features or (self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity)):
+        if self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity):
             return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
         asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))
@@ -317,6 +345,18 @@ class Batcher:
     def entries(self, role: str, rows: int, width: int) -> int:
         """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_width`)."""
         return rows * self.models[role].batch_width(rows, width)
+
+    def single_cost(self, role: str):
+        """A model's cost curve for one sequence (`forward_cost`, a draft's), measured on the scheduler's thread."""
+        key = f"{role}|single"
+        if key not in self.curves:
+            with self._curves_lock:
+                if key not in self.curves:
+                    from .models.cost import forward_cost
+
+                    model = self.models[role]
+                    self.curves[key] = self.alone(lambda: forward_cost(model, batch_invariant=role == "target"))
+        return self.curves[key]
 
     def curve(self, role: str):
         """The batched step's cost curve of a model (`batch_forward_cost`), measured on the scheduler's thread
@@ -399,7 +439,7 @@ class Batcher:
             for feed in feeds:
                 tokens = feed.args[0]
                 if feed.row is None or feed.cache.length == 0 or tokens.shape[-1] > PROMPT_TOKENS:
-                    self._run(feed, lambda f=feed: (f.model or self.models[f.role]).forward(f.cache, *f.args))
+                    self._run(feed, lambda f=feed: self._forward_alone(f))
                 else:
                     batched.setdefault(feed.role, []).append(feed)
             held = self._hold(batched)
@@ -429,6 +469,15 @@ class Batcher:
             del batched["target"]
         return held
 
+    def _forward_alone(self, feed: _Feed) -> torch.Tensor:
+        model = feed.model or self.models[feed.role]
+        if not feed.layers:
+            return model.forward(feed.cache, *feed.args)
+        with model.hidden_features(feed.layers) as seen:
+            logits = model.forward(feed.cache, *feed.args)
+        feed.features = list(seen)
+        return logits
+
     def _run(self, feed: _Feed, work: Callable[[], Any]) -> None:
         start = time.perf_counter()
         try:
@@ -436,7 +485,7 @@ class Batcher:
             self.stats["whole" if feed.role == "alone" else "single"] += 1
         except BaseException as e:  # noqa: BLE001 - the generation that asked gets it
             feed.error = e
-        if len(self._active) > 1:  # the other rows waited for it
+        if len(self._active) > 1 and feed.role != "draft":  # the other rows waited for it (not for a head's step)
             seconds = time.perf_counter() - start
             self.stats["stalls"] += 1
             self.stats["stall_seconds"] += seconds
@@ -468,10 +517,16 @@ class Batcher:
         rows, width = 1 + max(f.row for f in group), max(f.args[0].shape[-1] for f in group)
         if self._last_end is not None and t0 - self._last_end < GAP_SECONDS:
             self.gap = 0.8 * self.gap + 0.2 * (t0 - self._last_end)
+        layers = tuple(sorted({i for f in group for i in f.layers or ()}))
         try:
-            out = model.forward_rows(self.caches[role], feeds)
+            with model.hidden_features(layers) if layers else contextlib.nullcontext([]) as seen:
+                out = model.forward_rows(self.caches[role], feeds)
+            by_layer = dict(zip(layers, seen, strict=True))
             for f, logits in zip(group, out, strict=True):
                 f.logits = logits[None]
+                if f.layers:  # its row's hidden states of the tokens it fed
+                    n = f.args[0].shape[-1]
+                    f.features = [by_layer[i][f.row : f.row + 1, :n] for i in f.layers]
         except BaseException as e:  # noqa: BLE001 - every generation of the step gets it
             for f in group:
                 f.error = e
@@ -575,3 +630,8 @@ def _one_row(method: str, given: dict, kwargs: dict) -> bool:
 
 # methods that hold one cache row whatever their parameters (trees with tree attention: one row, a tree mask)
 ONE_ROW = frozenset({"ar", "sd", "sd-opt", "specinfer", "mcsd", "bild"})
+
+
+def _batchable(model) -> bool:
+    """Whether `model` decodes sequences in one batched forward (a static cache and `forward_rows`)."""
+    return getattr(model, "static", False) and hasattr(model, "forward_rows")

@@ -289,8 +289,11 @@ class EagleDraft(LanguageModel):
         parent = is_parent.float().argmax(-1)  # [B, n]
         found = is_parent.any(-1)
         own = ~from_target & found
-        # a token whose parent is new in this feed waits for the next run
+        # a token whose parent is new in this feed waits for the next run; without a target at all (a cost
+        # measurement) it reads zeros instead, in this run
         waits = own & (parent >= past)
+        if target is None:
+            own, waits = own & ~waits, waits & False
         stop = n if not bool(waits.any()) else int(waits.any(0).nonzero()[0])
         if stop == 0:
             raise RuntimeError("a fed token's parent is neither cached nor earlier in its feed")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from multispec import generate, generate_batch
+from multispec import generate
 from multispec.models.eagle import EagleDraft, is_eagle, load_eagle, new_head, save_eagle
 from multispec.models.features import FeatureTarget
 from multispec.tools.check import check_method
@@ -89,12 +89,39 @@ def test_greedy_with_a_head_is_greedy_ar(target, method):
     assert generate(target, draft, prompt, method=method, max_new_tokens=20, temperature=0).token_ids == ar.token_ids
 
 
-def test_a_head_in_a_batch_runs_alone_with_generates_tokens(target):
+@pytest.mark.parametrize("method, temperature", [("sd:gamma=2", 0.0), ("sd:gamma=2", 1.0), ("mcsd:k_config=2x2", 1.0)])
+def test_rows_with_a_head_get_their_own_tokens_while_the_targets_steps_are_batched(target, method, temperature):
+    from multispec.batching import Batcher
+    from tests.test_batching import PROMPTS, _alone, _run
+
     draft = EagleDraft(new_head(target, seed=6), target)
-    prompts = [[1, 5, 9, 3], [7, 7, 2]]
-    alone = [generate(target, draft, p, method="sd:gamma=2", max_new_tokens=12, temperature=0) for p in prompts]
-    batch = generate_batch(target, draft, prompts, "sd:gamma=2", rows=2, max_new_tokens=12, temperature=0)
-    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+    want = _alone((target, draft), method, temperature)
+    batcher = Batcher(target, draft, rows=len(PROMPTS), capacity=256)
+    try:
+        assert _run(batcher, PROMPTS, method, temperature, stagger=0.02) == want
+        # the target's steps ran batched, and gave the heads their rows' features
+        assert batcher.stats["forwards"] > 0 and batcher.stats["rows"] > batcher.stats["forwards"]
+    finally:
+        batcher.close()
+
+
+def test_a_head_keeps_the_target_law_in_a_batch():
+    report = check_method("sd", runs=600, pairs=1, vocab=4, n_tokens=4, seed=2, models="features", batch=6, gamma=2)
+    assert report.passed, report.pairs
+
+
+def test_gamma_auto_prices_a_heads_rows_in_a_batch(target):
+    from multispec.batching import Batcher
+    from tests.test_batching import PROMPTS, _run
+
+    draft = EagleDraft(new_head(target, seed=6), target)
+    batcher = Batcher(target, draft, rows=3, capacity=256)
+    try:
+        got = _run(batcher, PROMPTS[:3], "sd:gamma=auto", 0.0)
+    finally:
+        batcher.close()
+    ar = [generate(target, None, p, "ar", max_new_tokens=12, temperature=0, score=False).token_ids for p in PROMPTS[:3]]
+    assert got == ar
 
 
 def _speculators_head(folder, target, midlayer=False, embed=False, seed=0):
