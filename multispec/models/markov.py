@@ -60,9 +60,11 @@ class MarkovLM(LanguageModel):
             self._capture.layers = None
 
     def _features(self, layer: int, step: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        g = torch.Generator().manual_seed(1000 + layer)
-        table = torch.randn(self._log.shape[0], self.vocab_size, self.hidden_size, generator=g)
-        return table[step, tokens]
+        tables = self.__dict__.setdefault("_tables", {})
+        if layer not in tables:
+            g = torch.Generator().manual_seed(1000 + layer)
+            tables[layer] = torch.randn(self._log.shape[0], self.vocab_size, self.hidden_size, generator=g)
+        return tables[layer][step, tokens]
 
     @property
     def token_counts(self) -> torch.Tensor:
