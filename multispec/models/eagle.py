@@ -22,6 +22,7 @@ The layout is the `speculators` one that vLLM and SGLang read (`config.json` wit
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +217,35 @@ class EagleDraft(LanguageModel):
         self.device = next(head.parameters()).device
         self.dtype = next(head.parameters()).dtype
         self.name = name
+        # how the head's logits are laid out: n columns, row r of its output head in column index[r] (the target's
+        # vocabulary; fewer columns for a cut head, `with_head_rows`), -inf in the others
+        self.columns, self.column_index = self.vocab_size, ids
+        # how often the target wrote each token (`models.vocab`: `draft_vocab=N` keeps the N most frequent)
+        self.token_counts: torch.Tensor | None = None
+        self._cuts: dict[tuple[int, ...], EagleDraft] = {}
+
+    def with_head_rows(self, ids: torch.Tensor) -> EagleDraft:
+        """This head drafting only the target ids `ids` ([n]): its logits are those ids', in that order (-inf for an
+        id outside its draft vocabulary). Its output head keeps only their rows; every other weight and buffer is
+        shared (a reduced draft vocabulary, `models.vocab`)."""
+        key = tuple(ids.tolist())
+        if key not in self._cuts:
+            where = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.ids.device)
+            where[self.ids] = torch.arange(self.ids.numel(), device=self.ids.device)
+            rows = where[ids.to(self.ids.device)]
+            have = (rows >= 0).nonzero().flatten()
+            lm_head = self.head.lm_head
+            small = nn.Linear(lm_head.in_features, have.numel(), bias=False, device=self.device, dtype=self.dtype)
+            with torch.no_grad():
+                small.weight.copy_(lm_head.weight[rows[have]])
+            shell = copy.copy(self.head)  # the same layers; only the output head differs
+            shell._modules = {**self.head._modules, "lm_head": small}
+            cut = copy.copy(self)
+            cut.head, cut.ids, cut._cuts = shell, self.ids[rows[have]], {}
+            cut.columns, cut.column_index = ids.numel(), have
+            cut.name = f"{self.name}[head={ids.numel()}]"
+            self._cuts = {key: cut} if len(self._cuts) >= 4 else {**self._cuts, key: cut}
+        return self._cuts[key]
 
     def new_cache(self) -> EagleCache:
         layer, d = self.head.layer, self.device
@@ -270,8 +300,8 @@ class EagleDraft(LanguageModel):
         if logits_to_keep:
             cut = cut[:, -logits_to_keep:]
         dtype = torch.promote_types(cut.dtype, torch.float32)
-        wide = torch.full((b, cut.shape[1], self.vocab_size), float("-inf"), dtype=dtype, device=d)
-        return wide.index_copy_(-1, self.ids, cut.to(dtype))
+        wide = torch.full((b, cut.shape[1], self.columns), float("-inf"), dtype=dtype, device=d)
+        return wide.index_copy_(-1, self.column_index, cut.to(dtype))
 
     def _features(self, cache: EagleCache, positions: torch.Tensor, mask: torch.Tensor):
         """The input features of the new tokens from the first: the target's after the previous position where it
@@ -469,7 +499,9 @@ def load_eagle(folder: str | Path, target: LanguageModel, name: str | None = Non
     layer_dict = dict(config.get("transformer_layer_config") or config)
     if config.get("speculators_model_type", "eagle3") != "eagle3":
         raise ValueError(f"{folder}: speculators_model_type {config['speculators_model_type']!r}, not 'eagle3'")
-    files = sorted(folder.glob("*.safetensors"))
+    from .vocab import COUNTS_FILE, read_token_counts
+
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != COUNTS_FILE)
     if not files:
         raise ValueError(f"{folder}: no .safetensors weights (.bin checkpoints are not read)")
     layer_dict.setdefault("model_type", "llama")
@@ -535,4 +567,6 @@ def load_eagle(folder: str | Path, target: LanguageModel, name: str | None = Non
         raise ValueError(f"{folder}: weights missing {missing[:5]}, unexpected {unexpected[:5]}")
     dtype = getattr(target, "dtype", torch.float32)
     head = head.to(device=target.device, dtype=dtype)
-    return EagleDraft(head, target, name=name or str(folder))
+    draft = EagleDraft(head, target, name=name or str(folder))
+    draft.token_counts = read_token_counts(folder)
+    return draft

@@ -161,4 +161,6 @@ def random_feature_pair(vocab: int, horizon: int, seed: int, concentration: floa
     head = new_head(target, draft_ids=kept, seed=seed)
     with torch.no_grad():  # a sharper random head: its drafts differ from one another, and from the target
         head.lm_head.weight.mul_(4.0)
-    return target, EagleDraft(head.double(), target, name="feature-head")
+    draft = EagleDraft(head.double(), target, name="feature-head")
+    draft.token_counts = target.token_counts  # a ranking for `draft_vocab=N`
+    return target, draft

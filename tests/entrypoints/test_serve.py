@@ -497,3 +497,27 @@ def test_a_server_makes_a_bounded_number_of_draft_vocabularies(default_pair):
     with pytest.raises(ValueError, match="at most 2 draft vocabularies"):
         server._check_method("sd", {"draft_vocab": 2048})
     server.close()
+
+
+def test_a_server_drafting_with_a_feature_level_head_answers_as_greedy_ar(default_pair):
+    import torch
+
+    from multispec import generate
+    from multispec.api import ModelPair
+    from multispec.models.eagle import EagleDraft, new_head
+
+    target = default_pair.target
+    head = EagleDraft(new_head(target, draft_ids=torch.arange(4096), seed=0), target)
+    running = Running(ModelPair(target, head))
+    try:
+        client = running.client()
+        messages = [{"role": "user", "content": PROMPT}]
+        want = generate(target, None, PROMPT, method="ar", max_new_tokens=16, temperature=0).text
+        for method in ("sd:gamma=3", "mcsd:k_config=2x2"):
+            out = client.chat.completions.create(
+                model="multispec", messages=messages, max_tokens=16, temperature=0, extra_body={"method": method}
+            )
+            assert out.choices[0].message.content == want, method
+            assert out.spec_decode["num_draft_tokens"] > 0
+    finally:
+        running.stop()

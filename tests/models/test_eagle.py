@@ -32,6 +32,13 @@ def test_a_head_reading_the_targets_features_keeps_the_target_law(method, params
     assert report.passed, report.pairs
 
 
+def test_a_head_cut_further_by_draft_vocab_keeps_the_target_law():
+    report = check_method(
+        "sd", runs=RUNS, pairs=1, vocab=4, n_tokens=4, seed=2, models="features", gamma=2, draft_vocab=2
+    )
+    assert report.passed, report.pairs
+
+
 def test_renormalising_the_target_over_the_heads_vocabulary_fails_the_same_check(monkeypatch):
     import multispec.decoding.sd
 
@@ -79,6 +86,22 @@ def test_the_head_reads_the_targets_features_of_exactly_the_committed_tokens(tar
     draft.forward(reference, torch.tensor([tokens[:held]]))
     assert torch.allclose(cache.keys, reference.keys, atol=1e-4)
     assert torch.allclose(cache.out, reference.out, atol=1e-4)
+
+
+def test_draft_vocab_cuts_a_heads_output_rows(target):
+    draft = EagleDraft(new_head(target, draft_ids=torch.arange(0, 64, 2), seed=5), target)
+    cut = draft.with_head_rows(torch.tensor([4, 5, 6, 60]))
+    assert cut.head.lm_head.weight.shape[0] == 3 and cut.head.layer is draft.head.layer  # 5 is not in its vocabulary
+    cache = draft.new_cache()
+    whole = draft.forward(cache, torch.tensor([[1, 2, 3]]))
+    part = cut.forward(cut.new_cache(), torch.tensor([[1, 2, 3]]))
+    assert torch.allclose(part[..., [0, 2, 3]], whole[..., [4, 6, 60]], atol=1e-5)
+    assert torch.isinf(part[..., 1]).all()
+    prompt = [1, 5, 9, 3]
+    ar = generate(target, None, prompt, method="ar", max_new_tokens=20, temperature=0)
+    draft.token_counts = torch.arange(64)  # ranks the ids by value: 8 keeps 56..63, of which its vocabulary has 4
+    out = generate(target, draft, prompt, method="sd:gamma=3,draft_vocab=8", max_new_tokens=20, temperature=0)
+    assert out.token_ids == ar.token_ids
 
 
 @pytest.mark.parametrize("method", ["sd:gamma=3", "mcsd:k_config=2x2", "sd:gamma=auto,drafter=hybrid", "bild", "mtad"])

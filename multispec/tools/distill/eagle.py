@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ...models.eagle import default_layers, new_head, save_eagle
-from ...models.vocab import top_ids
+from ...models.vocab import save_token_counts, top_ids
 from .teacher import existing_shards, load_rows
 from .train import train
 
@@ -164,6 +164,7 @@ def distill_eagle(target, out: Path, cfg, data_dir: Path, resume: bool, say, bar
 
     def save(folder: Path) -> None:
         save_eagle(head, folder, verifier=target.name)
+        save_token_counts(folder, counts, "the target's training answers")
 
     last = train(
         head,
