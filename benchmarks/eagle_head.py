@@ -25,7 +25,7 @@ METHODS = ("sd:gamma=1", "sd:gamma=4", "sd:gamma=auto,drafter=hybrid", "mcsd:tre
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head", required=True, help="the head's folder")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="a JSON file; its rows are also written, one by one, beside it")
     ap.add_argument("--prompts", type=int, default=10, help="prompts from each set")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, action="append", default=None)
@@ -39,11 +39,15 @@ def main() -> None:
         p for name in ("mt-bench", "spec-bench-dev") for p in load_prompts([name], limit=args.prompts, spread=True)
     ]
     rows = []
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    progress = out_path.with_suffix(".rows.jsonl").open("w")  # every finished row, at once: a stop loses none
     for temperature in args.temperature or [0.0, 1.0]:
         for i, prompt in enumerate(prompts):
             common = dict(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=i)
             ar = generate(pair.target, None, prompt.text, method="ar", **common)
             rows.append({"T": temperature, "prompt": i, "method": "ar", "drafts": None, **_measures(ar)})
+            progress.write(json.dumps(rows[-1]) + "\n")
             for method in methods:
                 for name, draft in drafts.items():
                     r = generate(pair.target, draft, prompt.text, method=method, **common)
@@ -52,18 +56,19 @@ def main() -> None:
                     if temperature == 0:
                         row["equals_ar"] = r.token_ids == ar.token_ids
                     rows.append(row)
+                    progress.write(json.dumps(row) + "\n")
+                    progress.flush()
             print(f"T={temperature} prompt {i + 1}/{len(prompts)}", flush=True)
     summary = _summary(rows, methods)
     out = {
-        "machine": describe_device(),
+        "machine": describe_device(pair.target.device),
         "head": args.head,
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "summary": summary,
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
 
