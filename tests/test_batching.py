@@ -186,6 +186,7 @@ def _batch_of(rows: int, rates: list[float]):
         scale={"target": 1.0, "draft": 1.0},
         gap=0.0,
         curve=curves.__getitem__,
+        caches={"target": None, "draft": None},  # both models decode in batched forwards
     )
     loads = [RowLoad(batch, row) for row in range(rows)]
     for load in loads:

@@ -24,6 +24,7 @@ import torch
 
 from ...models.eagle import default_layers, new_head, save_eagle
 from ...models.vocab import save_token_counts, top_ids
+from .data import answer_counts, teacher_data
 from .teacher import existing_shards, load_rows
 from .train import train
 
@@ -130,8 +131,6 @@ def head_forward(head, to_draft: torch.Tensor, rows: list[dict], max_length: int
 
 def distill_eagle(target, out: Path, cfg, data_dir: Path, resume: bool, say, bar) -> dict:
     """`distill` for `cfg.kind == "eagle"` (module note); returns the last evaluation."""
-    from . import answer_counts, teacher_data
-
     if not hasattr(target, "hidden_features"):
         raise ValueError(f"{target.name} does not expose its hidden states: no feature-level head can be trained")
     data = teacher_data(target, out, cfg, data_dir, say, bar)
