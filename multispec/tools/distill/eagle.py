@@ -1,8 +1,8 @@
 """Training a feature-level draft head for a target (`multispec distill --kind eagle`; the head: `models.eagle`).
 
     data      the target's answers to the training prompts (the teacher shards every distill run writes)
-    features  the target's hidden states at the head's layers, over each prompt and answer, from one forward per
-              batch, kept beside the shards (features/, bfloat16; resumable)
+    features  the target's hidden states at the head's layers, over each prompt and answer (extra data included),
+              from one forward per batch, kept in features/ (bfloat16; resumable)
     head      one decoder layer of the target's shape, the target's embeddings (shared, not trained), its final norm
               and the head rows of the draft vocabulary (the `draft_vocab` tokens the answers hold most) to start
     train     KL to the target's distributions at every answer position (the loop of `train.py`: checkpoints,
@@ -25,12 +25,7 @@ import torch
 from ...models.eagle import default_layers, new_head, save_eagle
 from ...models.vocab import save_token_counts, top_ids
 from .data import answer_counts, teacher_data
-from .teacher import existing_shards, load_rows
 from .train import train
-
-
-def feature_path(shard: Path) -> Path:
-    return shard.parent.parent / "features" / shard.parent.name / f"{shard.stem}.pt"
 
 
 @torch.inference_mode()
@@ -52,25 +47,30 @@ def target_features(target, rows: list[dict], layers: tuple[int, ...], max_lengt
     return out
 
 
-def with_features(target, shards: list[Path], layers: tuple[int, ...], max_length: int, progress=None) -> list[dict]:
-    """The rows of the teacher shards, each with its `features` (computed once per shard and kept)."""
-    rows = []
-    for i, shard in enumerate(shards):
-        path = feature_path(shard)
-        shard_rows = load_rows([shard])
-        if path.exists():
-            features = torch.load(path)
+def with_features(
+    target, rows: list[dict], folder: Path, layers: tuple[int, ...], max_length: int, chunk: int, progress=None
+) -> list[dict]:
+    """`rows`, each with its `features`: computed `chunk` rows at a time and kept in `folder` (a resumed run reads
+    them back; a kept chunk whose rows' lengths differ from these rows' is computed again)."""
+    out = []
+    starts = range(0, len(rows), chunk)
+    for i, start in enumerate(starts):
+        part = rows[start : start + chunk]
+        lengths = [min(max_length, len(r["prompt_ids"]) + len(r["ids"])) for r in part]
+        path = folder / f"shard-{i:05d}.pt"
+        kept = torch.load(path) if path.exists() else None
+        if kept is not None and kept["lengths"] == lengths:
+            features = kept["features"]
         else:
-            features = target_features(target, shard_rows, layers, max_length)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            features = target_features(target, part, layers, max_length)
+            folder.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            torch.save(features, tmp)
+            torch.save({"lengths": lengths, "features": features}, tmp)
             os.replace(tmp, path)
-        for row, f in zip(shard_rows, features, strict=True):
-            rows.append({**row, "features": f})
+        out += [{**row, "features": f} for row, f in zip(part, features, strict=True)]
         if progress is not None:
-            progress(i + 1, len(shards))
-    return rows
+            progress(i + 1, len(starts))
+    return out
 
 
 def head_forward(head, to_draft: torch.Tensor, rows: list[dict], max_length: int, dtype: str = "float32", unroll=1):
@@ -134,14 +134,12 @@ def distill_eagle(target, out: Path, cfg, data_dir: Path, resume: bool, say, bar
     if not hasattr(target, "hidden_features"):
         raise ValueError(f"{target.name} does not expose its hidden states: no feature-level head can be trained")
     data = teacher_data(target, out, cfg, data_dir, say, bar)
-    del data  # the rows come back with their features, from the shards just written
     layers = default_layers(target.model.config.num_hidden_layers)
     progress = None if bar is None else bar("target features")
-    train_rows = with_features(target, existing_shards(out / "data"), layers, cfg.train.max_length, progress)
-    eval_rows = with_features(target, existing_shards(out / "heldout"), layers, cfg.train.max_length)
-    from .train import target_eval_probs
-
-    eval_probs = target_eval_probs(target, eval_rows, cfg.train.max_length)
+    features, length = out / "features", cfg.train.max_length
+    train_rows = with_features(target, data.train_rows, features / "data", layers, length, cfg.gen_batch, progress)
+    eval_rows = with_features(target, data.eval_rows, features / "heldout", layers, length, cfg.gen_batch)
+    eval_probs = data.eval_probs
     counts = answer_counts(train_rows, target.vocab_size)
     vocab = min(cfg.draft_vocab, target.vocab_size)
     ids = top_ids(counts, vocab, always=target.stop_tokens)
