@@ -16,7 +16,7 @@ from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
 from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.eagle import is_eagle, load_eagle
-from .models.hf import HFModel, default_dtype
+from .models.hf import HFModel, background, default_dtype
 from .params import DEFAULT_METHOD, parse_method
 from .result import Result, Stats
 from .warp import Sampling
@@ -46,13 +46,18 @@ def load_model(
     default: str = TARGET_NAME,
     dtype: str | torch.dtype | None = None,
     device_map: str | dict | None = None,
-    compile: bool | str = False,
+    compile: bool | str = "auto",
+    role: str = "target",
 ) -> LanguageModel:
     """A default model by name (see `DEFAULT_NAMES`: the target, its trained draft, its bfloat16 copy), else a
     hub id or path. `dtype` (float32, bfloat16, float16; default bfloat16 where the hardware has fast
     bfloat16, else float32); `device_map` (e.g. "auto", through accelerate) spreads a hub model too large for
-    one device over several; `compile`: compiled forwards, True, "invariant" or "fast" (see `HFModel`)."""
+    one device over several; `compile`: "auto" (compiled where that pays and its steps are ready on this machine,
+    else eager, compiling them in the background: `models/hf/background.py`), False (eager), True, "invariant"
+    or "fast" (compiled now, see `HFModel`); `role`: "target" or "draft" (what "auto" prepares it for)."""
     name = name or default
+    if compile not in (False, "auto"):
+        background.wait_for_workers()  # never two compiles at once
     check_device(device)
     dtype = parse_dtype(dtype) or default_dtype(device)
     if device is not None and device_map is not None:
@@ -64,14 +69,18 @@ def load_model(
         if name in DEFAULT_NAMES:
             if device_map is not None:
                 raise ValueError("device_map is for hub models; the embedded pair fits one device")
-            return load_default(name, device=device, dtype=dtype, compile=compile)
-        extra = {"device_map": device_map} if device_map is not None else {}
-        return HFModel.from_pretrained(name, device=device, dtype=dtype, compile=compile, **extra)
+            model = load_default(name, device=device, dtype=dtype, compile=compile)
+        else:
+            extra = {"device_map": device_map} if device_map is not None else {}
+            model = HFModel.from_pretrained(name, device=device, dtype=dtype, compile=compile, **extra)
     except (OSError, ValueError):
         raise
     except Exception as e:  # a corrupt weights file surfaces as a library-specific error
         first = " ".join(str(e).split())[:300]
         raise ValueError(f"could not load model {name!r}: {type(e).__name__}: {first}") from e
+    if getattr(model, "auto_compile", False):
+        background.settle(model, role)
+    return model
 
 
 def check_device(device: str | None) -> None:
@@ -105,7 +114,7 @@ def load_pair(
     device: str | None = None,
     dtype: str | torch.dtype | None = None,
     device_map: str | dict | None = None,
-    compile: bool | str = False,
+    compile: bool | str = "auto",
 ) -> ModelPair:
     """The embedded default pair, or any target and draft given as hub ids or local paths.
 
@@ -118,7 +127,11 @@ def load_pair(
         dtype: "float32", "bfloat16" or "float16", for both; None: bfloat16 where the hardware has fast
             bfloat16, else float32.
         device_map: spread a hub target too large for one device over several (accelerate's, e.g. "auto").
-        compile: compiled forwards for both. "invariant": the target's compiled steps are batch-invariant, so
+        compile: "auto": each model runs compiled where compiled steps pay here (a CPU with AVX512-BF16 or AMX,
+            in bfloat16) and are already made on this machine; where they are not yet, it runs eagerly and a
+            background process makes them for later runs (`models/hf/background.py`; MULTISPEC_COMPILE=eager
+            turns this off). False: eager. True, "invariant" or "fast": compiled now, in this process (minutes per
+            shape the first time on a machine). "invariant": the target's compiled steps are batch-invariant, so
             greedy speculative methods give greedy `ar`'s tokens; True: so are they where that costs no more on
             this machine; "fast": never (the draft's, which decide nothing, are compiled as usual).
 
@@ -134,7 +147,8 @@ def load_pair(
     elif draft is not None and is_eagle(draft):  # a feature-level head: drafts from the target's hidden states
         draft_model = load_eagle(draft, target_model)
     else:
-        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=bool(compile))
+        draft_compile = compile if compile in (False, "auto") else True
+        draft_model = load_model(draft, device, default=DRAFT_NAME, dtype=dtype, compile=draft_compile, role="draft")
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     describe = {m.name: describe_model(m) for m in (target_model, draft_model) if m is not None}
@@ -253,7 +267,8 @@ def generate(
     fallbacks_before = [len(getattr(m, "fallbacks", ())) for m in (target, draft)]
     t0 = time.perf_counter()
     if not session.done:
-        spec.run(session, **params)
+        with background.paused():  # no background compile beside decoding
+            spec.run(session, **params)
     seconds = time.perf_counter() - t0
     seconds_after, compiles_after, captures_after = _compiling(target, draft)
     stats = _stats(

@@ -10,6 +10,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (the README's c
     # first `generate` in over 400 s instead of 86 s, their OpenMP threads spinning against each other
     os.environ["OMP_NUM_THREADS"] = "1"
 
+# compile="auto" (every entry point's default) stays eager in tests whatever the host: no background compile worker
+# starts beside the suite (the tests of that default set MULTISPEC_COMPILE themselves)
+os.environ["MULTISPEC_COMPILE"] = "eager"
+
 # cost curves measured by tests (two workers share the cores) go to a file of this run, not the user's cache,
 # where gamma=auto, tree=auto and tune would read them later; subprocesses inherit it
 os.environ["MULTISPEC_COST_FILE"] = os.path.join(tempfile.mkdtemp(prefix="multispec-costs-"), "forward_cost.json")

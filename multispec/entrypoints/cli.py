@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def _pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--compile", action="store_true", help="compiled forwards (see generate --compile)")
+    p.add_argument("--compile", action="store_true", help="compiled forwards now (see generate --compile)")
+    p.add_argument("--eager", action="store_true", help="eager forwards (see generate --eager)")
     p.add_argument(
         "--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)"
     )
@@ -102,21 +104,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compile",
         action="store_true",
-        help="compile each forward shape with torch inductor (kernel variants timed on this machine); "
-        "compiling takes minutes per shape the first time on a machine; on a CPU the compiled steps are kept "
-        "on disk and later processes load them",
+        help="compile every forward shape in this process, now (kernel variants timed on this machine), even "
+        "where the default runs eagerly; compiling takes minutes per shape the first time on a machine; on a CPU "
+        "the compiled steps are kept on disk and later processes load them. Unless --compile or --eager: "
+        "compiled where that pays (a CPU with AVX512-BF16 or AMX, in bfloat16) once its steps are made on this "
+        "machine, which a background process does after the first run (`multispec cache` shows it)",
+    )
+    g.add_argument(
+        "--eager", action="store_true", help="eager forwards, and no compiling in the background (see --compile)"
     )
     g.add_argument(
         "--invariant",
         action="store_true",
-        help="with --compile: batch-invariant compiled steps on every machine, so a greedy speculative method "
-        "gives greedy ar's tokens in bfloat16 too (plain --compile steps already are where our kernels run and "
-        "cost no more; eager forwards are batch-invariant already)",
+        help="batch-invariant compiled steps (implies --compile) on every machine, so a greedy speculative "
+        "method gives greedy ar's tokens in bfloat16 too (plain compiled steps already are where our kernels run "
+        "and cost no more; eager forwards are batch-invariant already)",
     )
     g.add_argument(
         "--fast",
         action="store_true",
-        help="with --compile: the fast compiled step (kernels raced per shape) even where batch-invariant steps "
+        help="the fast compiled step (implies --compile; kernels raced per shape) even where batch-invariant steps "
         "would cost no more",
     )
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
@@ -231,8 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--compile",
         action="store_true",
-        help="compiled forwards for our methods (compiles happen in the warm-up, not in timed rows)",
+        help="compiled forwards for our methods (compiles happen in the warm-up, not in timed rows); unless "
+        "--compile or --eager, compiled where that pays here (see generate --compile), compiling in the warm-up "
+        "what is not made yet",
     )
+    b.add_argument("--eager", action="store_true", help="eager forwards for our methods")
     b.add_argument(
         "--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)"
     )
@@ -291,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument("--device", default=None)
     tu.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     tu.add_argument("--compile", action="store_true", help="compile forwards (see generate --compile)")
+    tu.add_argument("--eager", action="store_true", help="eager forwards (see generate --eager)")
     tu.add_argument(
         "--invariant", action="store_true", help="batch-invariant compiled forwards (see generate --invariant)"
     )
@@ -377,17 +388,42 @@ def build_parser() -> argparse.ArgumentParser:
     _pair_args(rp)
 
     cp = sub.add_parser(
-        "compiled",
-        help="the compiled steps kept on disk (--compile): list them, or remove them",
+        "cache",
+        aliases=["compiled"],
+        help="what this machine's cache holds (converted models, compiled steps, measurements, background "
+        "compiles), or remove it",
         formatter_class=DEFAULTS,
     )
-    cp.add_argument("--clear", action="store_true", help="remove every kept compiled step")
-    cp.add_argument("--model", default=None, help="only the steps of models whose name contains this")
+    cp.add_argument(
+        "--clear",
+        action="store_true",
+        help="remove it all: compiled steps, measurements and converted models (remade when next needed), and stop "
+        "any background compile; with --compiled, --model or --stale only those compiled steps",
+    )
+    cp.add_argument("--compiled", action="store_true", help="only the compiled steps")
+    cp.add_argument("--model", default=None, help="only the compiled steps of models whose name contains this")
     cp.add_argument(
         "--stale",
         action="store_true",
-        help="only the steps of another compiled graph than this version's (listed as stale; they are "
+        help="only the compiled steps of another compiled graph than this version's (listed as stale; they are "
         "never loaded again, and the next compile removes them)",
+    )
+
+    pc = sub.add_parser(
+        "compile",
+        help="make the pair's compiled steps on this machine now, every shape (what the first runs otherwise leave "
+        "to a background process), so that later runs load them",
+        formatter_class=DEFAULTS,
+    )
+    pc.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
+    pc.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    pc.add_argument("--device", default=None)
+    pc.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    pc.add_argument("--only", default=None, choices=["target", "draft"], help="one model of the pair")
+    pc.add_argument(
+        "--background",
+        action="store_true",
+        help="run as the background worker: at a lower priority, progress in its status file (`multispec cache`)",
     )
 
     m = sub.add_parser("methods", help="list every method with its parameters, defaults and exactness")
@@ -395,14 +431,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _compile(args) -> bool | str:
-    """What `load_pair` takes for --compile, --invariant and --fast (eager forwards are batch-invariant already)."""
+def _compile(args, measuring: bool = False) -> bool | str:
+    """What `load_pair` takes for --compile, --eager, --invariant and --fast (eager forwards are batch-invariant
+    already); "auto" when none is given. `measuring` (bench, tune, reproduce, cost-curve): "auto" compiles what is
+    missing in this process, before timing, instead of in the background beside the measurement."""
     invariant, fast = getattr(args, "invariant", False), getattr(args, "fast", False)
+    eager = getattr(args, "eager", False)
     if invariant and fast:
         raise SystemExit("multispec: --invariant and --fast ask for opposite compiled steps: give one")
-    if args.compile and (invariant or fast):
+    if eager and (args.compile or invariant or fast):
+        raise SystemExit("multispec: --eager and --compile (--invariant, --fast) ask for opposite forwards: give one")
+    if eager:
+        return False
+    if invariant or fast:
         return "invariant" if invariant else "fast"
-    return args.compile
+    if args.compile:
+        return True
+    if measuring:
+        from ..models.hf import background
+
+        background.in_foreground = True
+    return "auto"
 
 
 def cmd_methods(args) -> int:
@@ -482,7 +531,7 @@ def cmd_bench(args) -> int:
     from ..api import load_pair
 
     device = args.device or (sweep.process_device(state) if state is not None else None)
-    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=_compile(args))
+    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=_compile(args, measuring=True))
     if main_process:
         from ..tools.tune import plan_mismatches
 
@@ -856,7 +905,8 @@ def cmd_cost_curve(args) -> int:
     from ..api import load_pair
     from ..models.cost import write_cost_curves
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
+    compile = _compile(args, measuring=True)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
     data = write_cost_curves(out, {"target": pair.target, "draft": pair.draft}, repeats=args.repeats)
     print(f"{data['device']}, {data['date']}, host {data['host']}")
     for role, c in data["models"].items():
@@ -870,24 +920,68 @@ def cmd_cost_curve(args) -> int:
     return 0
 
 
-def cmd_compiled(args) -> int:
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def cmd_cache(args) -> int:
+    import shutil
     import time as _time
 
+    from ..machine import cache_dir, kernel_store_path, store_path
     from ..models import packaged
+    from ..models.hf import background
 
+    # `multispec compiled`, the older name, lists and clears the compiled steps only
+    compiled_only = args.command == "compiled" or args.compiled or args.model is not None or args.stale
     found = [
         p
         for p in packaged.packages()
         if (args.model is None or args.model in p["model"]) and (p["stale"] or not args.stale)
     ]
+    root = cache_dir()
     if args.clear:
+        stopped = [] if compiled_only else background.stop_workers()
         for p in found:
             packaged.remove(p["path"])
-        print(
-            f"removed {len(found)} compiled step(s), {sum(p['bytes'] for p in found) / 1e6:.0f} MB, "
-            f"from {packaged.folder()}"
-        )
+        line = f"removed {len(found)} compiled step(s), {sum(p['bytes'] for p in found) / 1e6:.0f} MB"
+        if not compiled_only:
+            removed = 0
+            others = [kernel_store_path(), store_path(), background.folder()]
+            others += [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+            for path in dict.fromkeys(others):
+                if path.exists():
+                    removed += _size(path)
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+            line += f", and {removed / 1e6:.0f} MB of measurements and converted models"
+            if stopped:
+                line += f"; stopped the background compile (process {', '.join(map(str, stopped))})"
+        print(line + f" from {root}")
         return 0
+    if not compiled_only:
+        print(f"{root}: {_size(root) / 1e6:.0f} MB" if root.exists() else f"{root}: empty")
+        for path in sorted(root.iterdir()) if root.is_dir() else []:
+            if path.is_dir() and path not in (packaged.folder(), background.folder()):
+                print(f"  converted model  {path.name}  {_size(path) / 1e6:.0f} MB")
+        for path in dict.fromkeys((store_path(), kernel_store_path())):
+            if path.exists():
+                print(f"  measurements  {path.name}  {_size(path) / 1e3:.0f} kB")
+        for w in background.workers():
+            state = w.get("state", "?")
+            if state in ("queued", "compiling") and not w["alive"]:
+                state = "stopped"
+            shape = f", {w['shape']}" if w.get("shape") and state == "compiling" else ""
+            error = f": {w['error']}" if w.get("error") else ""
+            print(
+                f"  background compile  {w.get('model', '?')} ({w.get('role', '?')})  {state}  "
+                f"{w.get('done', 0)} of {w.get('total', len(background.BUCKETS))} shapes{shape}{error}"
+                + (f"  (log: {Path(w['path']).with_suffix('.log')})" if state in ("failed", "stopped") else "")
+            )
     print(
         f"{packaged.folder()}: {len(found)} compiled step(s), {sum(p['bytes'] for p in found) / 1e6:.0f} MB "
         f"(limit {packaged.limit_bytes() / 1e9:g} GB, {packaged.LIMIT_VARIABLE}; the least recently used go first)"
@@ -903,6 +997,46 @@ def cmd_compiled(args) -> int:
     return 0
 
 
+def cmd_compile(args) -> int:
+    from ..models.hf import background
+
+    roles = [args.only] if args.only else ["target", "draft"]
+    if args.draft is None and args.target is not None and args.only != "draft":
+        roles = ["target"]  # a hub target has no default draft
+    if args.background:
+        os.nice(10)  # a worker yields the cores to what the user runs
+    try:
+        _compile_models(args, roles)
+    except BaseException as e:
+        if args.background:  # what `multispec cache` shows of it
+            for role in roles:
+                name = (args.target if role == "target" else args.draft) or ""
+                path = background.status_path(name, role, f"torch.{args.dtype}", args.device)
+                if path.exists():
+                    background.write_status(path, state="failed", error=f"{type(e).__name__}: {e}"[:500])
+        raise
+    return 0
+
+
+def _compile_models(args, roles: list[str]) -> None:
+    from ..api import load_model
+    from ..models.default import DRAFT_NAME
+    from ..models.hf import background
+    from ..tools.prepare import run
+
+    with background.compile_lock("multispec: another process is compiling on this machine; waiting for it ..."):
+        models = []
+        for role in roles:
+            name = args.target if role == "target" else args.draft
+            extra = {"default": DRAFT_NAME} if role == "draft" else {}
+            model = load_model(name, args.device, dtype=args.dtype, compile=True, role=role, **extra)
+            if not getattr(model, "compile", False):
+                print(f"multispec: {model.name} cannot be compiled (a dynamic cache)", file=sys.stderr)
+                continue
+            models.append((model, role))
+        run(models, in_background=args.background)
+
+
 def cmd_reproduce(args) -> int:
     from ..tools.reproduce import reproduce, select
     from ..tools.reproduce.report import verdict_table
@@ -915,7 +1049,8 @@ def cmd_reproduce(args) -> int:
         read_cost_curves(args.device_curve)
     from ..api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
+    compile = _compile(args, measuring=True)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
     data = reproduce(
         pair.target,
         pair.draft,
@@ -947,7 +1082,8 @@ def cmd_tune(args) -> int:
     bench.check_settings([args.temperature], args.max_new_tokens, args.top_k, args.top_p)
     from ..api import load_pair
 
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=_compile(args))
+    compile = _compile(args, measuring=True)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
     if pair.draft is None:
         raise ValueError("tune needs a draft model (--draft)")
 
@@ -1042,7 +1178,9 @@ COMMANDS = {
     "serve": cmd_serve,
     "cost-curve": cmd_cost_curve,
     "reproduce": cmd_reproduce,
-    "compiled": cmd_compiled,
+    "cache": cmd_cache,
+    "compiled": cmd_cache,
+    "compile": cmd_compile,
 }
 
 

@@ -96,7 +96,7 @@ def load_default(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     if device is not None:
         model = model.to(device)
-    loaded = HFModel(model, AutoTokenizer.from_pretrained(path), name=name, compile=compile)
+    loaded = HFModel(model, AutoTokenizer.from_pretrained(path), name=name, compile=compile, source=name)
     if name == DRAFT_NAME:
         loaded.token_counts = read_token_counts(DRAFT_DIR)  # the target's answers, counted (`models.vocab`)
     return loaded

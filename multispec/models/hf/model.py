@@ -14,6 +14,7 @@ from ...console import note
 from .. import dpbf16, linears, packaged, static, vocab
 from ..base import LanguageModel
 from ..static import bucket
+from .background import AUTO
 from .compiled import CompiledSteps
 from .dynamic import DynamicSteps
 from .graphs import CapturedSteps
@@ -26,9 +27,24 @@ MAX_HEADS = 4  # cut output heads (`with_head_rows`) a model keeps
 class HFModel(LanguageModel):
     keeps_measurements = True  # its cost curves are kept in this machine's store (`cost.forward_cost`)
 
-    def __init__(self, model, tokenizer=None, name: str | None = None, chat: bool = True, compile: bool | str = False):
-        if compile not in (False, True, INVARIANT, FAST):
-            raise ValueError(f"compile={compile!r}: False, True, {INVARIANT!r} or {FAST!r}")
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        name: str | None = None,
+        chat: bool = True,
+        compile: bool | str = False,
+        source: str | None = None,
+    ):
+        if compile not in (False, True, INVARIANT, FAST, AUTO):
+            raise ValueError(f"compile={compile!r}: False, True, {INVARIANT!r}, {FAST!r} or {AUTO!r}")
+        # where it was loaded from (a default model's name, a hub id or a folder): what a background compile
+        # worker loads (`background.py`); None for a model built in memory
+        self.source = source
+        # compile="auto": eager until `background.settle` decides for this process (the loader calls it, knowing
+        # whether the model is a target or a draft)
+        self.auto_compile = compile == AUTO
+        compile = False if compile == AUTO else compile
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
@@ -120,6 +136,11 @@ class HFModel(LanguageModel):
                 self._min_rows = invariant_rows(self.model) if reduced else 1
         return self._min_rows
 
+    def enable_compile(self) -> None:
+        """Compiled steps from now on, as compile=True gives (`background.settle`, before any forward)."""
+        self.compile = self.static
+        self.steps = CompiledSteps(self, "auto", exact=None)
+
     @classmethod
     def from_pretrained(
         cls,
@@ -138,7 +159,7 @@ class HFModel(LanguageModel):
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
         if device is not None:
             model = model.to(device)
-        loaded = cls(model, tokenizer, name=str(name_or_path), compile=compile)
+        loaded = cls(model, tokenizer, name=str(name_or_path), compile=compile, source=str(name_or_path))
         if os.path.isdir(name_or_path):
             loaded.token_counts = vocab.read_token_counts(name_or_path)
         return loaded

@@ -1,0 +1,139 @@
+"""compile="auto" (`multispec.models.hf.background`): eager where compiled steps do not pay or are not made yet, a
+real background worker that makes them (stopped while a generation runs, listed and ended by `multispec cache`),
+and a later process that finds them and runs compiled without compiling anything."""
+
+import time
+
+import pytest
+import torch
+
+from multispec.api import load_model
+from multispec.entrypoints.cli import main
+from multispec.models.hf import background
+from tests.conftest import tiny_llama
+from tests.models.helpers import PROMPT
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """This test's own cache (converted models, measurements, compiled steps, workers), and the policy it names."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MULTISPEC_CACHE", str(root))
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(root / "forward_cost.json"))
+    monkeypatch.setenv("MULTISPEC_COMPILE", "background")
+    return root
+
+
+@pytest.fixture()
+def tiny_folder(tmp_path):
+    folder = tmp_path / "tiny"
+    tiny_llama(seed=3).model.save_pretrained(folder)
+    return folder
+
+
+def test_the_policy_is_read_and_a_bad_one_is_refused(monkeypatch):
+    model = tiny_llama()  # float32
+    monkeypatch.setenv("MULTISPEC_COMPILE", "eager")
+    assert background.why_eager(model) == "MULTISPEC_COMPILE=eager"
+    monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
+    assert "bfloat16" in background.why_eager(model)  # float32: compiled steps are not the default
+    monkeypatch.setenv("MULTISPEC_COMPILE", "background")
+    assert background.why_eager(model) is None
+    monkeypatch.setenv("MULTISPEC_COMPILE", "sometimes")
+    with pytest.raises(ValueError, match="MULTISPEC_COMPILE='sometimes': one of auto, eager, background"):
+        background.why_eager(model)
+
+
+def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cache, tiny_folder, monkeypatch):
+    monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
+    model = load_model(str(tiny_folder))  # float32 on any host
+    assert model.auto_compile and not model.compile
+    assert background.workers() == []
+
+
+def test_eager_and_compile_flags_conflict():
+    with pytest.raises(SystemExit, match="--eager and --compile"):
+        main(["generate", "hi", "--eager", "--compile"])
+
+
+def _wait(condition, seconds=30.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+def test_a_first_run_is_eager_and_a_background_worker_makes_the_steps(cache, tiny_folder, capsys):
+    model = load_model(str(tiny_folder))
+    assert model.auto_compile and not model.compile  # nothing is made yet: this process runs eagerly
+    assert "its compiled steps are being made in the background" in capsys.readouterr().err
+    (worker,) = background.workers()
+    pid = worker["pid"]
+    assert worker["alive"] and worker["role"] == "target" and worker["source"] == str(tiny_folder)
+
+    # another process of the same model finds it and starts no other
+    again = load_model(str(tiny_folder))
+    assert not again.compile and "are being made in the background (" in capsys.readouterr().err
+    assert len(background.workers()) == 1
+
+    # while a generation runs, the worker (and the compiler it runs) is stopped, and goes on after
+    with background.paused():
+        assert _wait(lambda: background.process_state(pid) == "T")
+    assert _wait(lambda: background.process_state(pid) not in ("T", None))
+
+    # `multispec cache` shows it; --clear ends it and removes what it made
+    assert main(["cache"]) == 0
+    listed = capsys.readouterr().out
+    assert f"background compile  {tiny_folder} (target)" in listed and "of 7 shapes" in listed
+    assert main(["cache", "--clear"]) == 0
+    assert f"stopped the background compile (process {pid})" in capsys.readouterr().out
+    assert _wait(lambda: not background._alive(pid))
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.slow
+def test_once_every_step_is_made_a_later_process_runs_compiled_and_compiles_nothing(cache, tiny_folder, monkeypatch):
+    # one bucket here (every bucket is made the same way; seven take minutes): what the worker runs, in process
+    monkeypatch.setattr(background, "BUCKETS", (1,))
+    from multispec.tools.prepare import prepare_model
+
+    first = load_model(str(tiny_folder), compile=True)
+    assert background.missing(first, "target") == ["1 new tokens: its kernel choice"]
+    made = prepare_model(first, "target")
+    assert made["compiled"] >= 1 and made["missing"] == []
+
+    later, eager = load_model(str(tiny_folder)), load_model(str(tiny_folder), compile=False)
+    assert later.compile and not eager.compile and background.workers() == []
+    cl, ce = later.new_cache(), eager.new_cache()
+    later.forward(cl, torch.tensor([PROMPT]))
+    eager.forward(ce, torch.tensor([PROMPT]))
+    step = torch.tensor([[9]])
+    assert torch.allclose(later.forward(cl, step), eager.forward(ce, step), atol=1e-4)
+    assert later.compiles == 0  # loaded from the package the worker's run made
+
+
+def test_cache_lists_and_clears_what_the_machine_keeps(cache, capsys):
+    from multispec.models import packaged
+
+    converted = cache / "some-model-f32"
+    converted.mkdir(parents=True)
+    (converted / "model.safetensors").write_bytes(b"x" * 3000)
+    (cache / "forward_cost.json").write_text("{}")
+    step = packaged.folder() / "abc" / "onednn-1x1.pt2"
+    step.parent.mkdir(parents=True)
+    step.write_bytes(b"x" * 1000)
+    (step.parent / "key.json").write_text('{"key": "tiny|torch.float32|cpu|compiled|threads=2|weights=0"}')
+
+    assert main(["cache"]) == 0
+    listed = capsys.readouterr().out
+    assert "converted model  some-model-f32" in listed and "measurements  forward_cost.json" in listed
+    assert "1 compiled step(s)" in listed
+    # the older name clears compiled steps only
+    assert main(["compiled", "--clear"]) == 0 and "removed 1 compiled step(s)" in capsys.readouterr().out
+    assert converted.exists() and not step.exists()
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 0 compiled step(s), 0 MB, and 0 MB of measurements and converted models" in capsys.readouterr().out
+    assert not converted.exists() and not (cache / "forward_cost.json").exists()
