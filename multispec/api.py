@@ -259,6 +259,7 @@ def generate(
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
 
+    background.switch_ready()  # a model whose steps a worker has made since runs compiled from here on
     session = Session(target, draft, prompt_ids, sampling, max_new_tokens, generator, on_tokens, cancel)
     if vocab is not None:
         session.reduce_draft(vocab)

@@ -100,19 +100,33 @@ def test_once_every_step_is_made_a_later_process_runs_compiled_and_compiles_noth
     monkeypatch.setattr(background, "BUCKETS", (1,))
     from multispec.tools.prepare import prepare_model
 
+    # a long-lived process (a server) that loaded the model before its steps were made; its worker is ended here,
+    # and the steps are made in this process instead
+    early = load_model(str(tiny_folder))
+    (worker,) = background.workers()
+    background.stop_workers()
+    assert _wait(lambda: not background._alive(worker["pid"]))
+    before = early.new_cache()
+
     first = load_model(str(tiny_folder), compile=True)
     assert background.missing(first, "target") == ["1 new tokens: its kernel choice"]
     made = prepare_model(first, "target")
     assert made["compiled"] >= 1 and made["missing"] == []
 
     later, eager = load_model(str(tiny_folder)), load_model(str(tiny_folder), compile=False)
-    assert later.compile and not eager.compile and background.workers() == []
+    assert later.compile and not eager.compile and not any(w["alive"] for w in background.workers())
     cl, ce = later.new_cache(), eager.new_cache()
     later.forward(cl, torch.tensor([PROMPT]))
     eager.forward(ce, torch.tensor([PROMPT]))
     step = torch.tensor([[9]])
     assert torch.allclose(later.forward(cl, step), eager.forward(ce, step), atol=1e-4)
     assert later.compiles == 0  # loaded from the package the worker's run made
+
+    # the early process runs compiled from its next generation; a cache made before stays eager
+    assert not early.compile
+    monkeypatch.setattr(background, "_checked", 0.0)
+    background.switch_ready()
+    assert early.compile and not before.compiled and early.new_cache().compiled
 
 
 def test_cache_lists_and_clears_what_the_machine_keeps(cache, capsys):

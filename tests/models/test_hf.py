@@ -453,7 +453,7 @@ def test_a_batch_invariant_step_that_fails_its_check_says_so_and_the_machine_rem
     assert probed == [8, 8]
 
 
-def test_compile_takes_true_false_invariant_or_fast():
+def test_compile_takes_auto_true_false_invariant_or_fast():
     from multispec.api import describe_model
     from multispec.models.hf import HFModel
 
@@ -478,7 +478,8 @@ def test_compile_takes_true_false_invariant_or_fast():
         compile_of("--compile", "--invariant"),
         compile_of("--compile", "--fast"),
         compile_of("--fast"),
-    ] == [False, True, "invariant", "fast", False]
+        compile_of("--eager"),
+    ] == ["auto", True, "invariant", "fast", "fast", False]
     with pytest.raises(SystemExit, match="opposite"):
         compile_of("--compile", "--invariant", "--fast")
 

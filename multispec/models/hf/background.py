@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -165,6 +166,7 @@ def settle(hf: HFModel, role: str) -> None:
         hf.enable_compile()  # its steps compile as it first needs them (a bench's warm-up)
         note(f"multispec: {hf.name}'s compiled steps are made in this process, before anything is timed")
         return
+    _waiting.append((weakref.ref(hf), role))  # compiled from its next generation once they are made
     running = worker_for(hf, role)
     if running is not None:
         note(
@@ -180,6 +182,30 @@ def settle(hf: HFModel, role: str) -> None:
         f"multispec: {hf.name} runs eagerly in this process; its compiled steps are being made in the background "
         f"(process {pid}, once on this machine; `multispec cache` shows it), and later runs use them"
     )
+
+
+_waiting: list[tuple[weakref.ref, str]] = []  # (model, role) this process runs eagerly while a worker makes its steps
+_checked = 0.0
+CHECK_SECONDS = 5.0  # how often a long-lived process (a server) looks for them
+
+
+def switch_ready() -> None:
+    """A model this process runs eagerly while a worker makes its steps runs compiled from its next generation on,
+    once they are all made (a server started on a fresh machine gets the compiled speed without a restart). A
+    generation keeps the engine its cache was made for (`HFModel.new_cache`), so none mixes the two."""
+    global _checked
+    if not _waiting or time.monotonic() - _checked < CHECK_SECONDS:
+        return
+    _checked = time.monotonic()
+    for entry in list(_waiting):
+        ref, role = entry
+        hf = ref()
+        if hf is None or hf.compile:
+            _waiting.remove(entry)
+        elif worker_for(hf, role) is None and not missing(hf, role):
+            _waiting.remove(entry)
+            hf.enable_compile()
+            note(f"multispec: {hf.name} runs compiled from now on (its steps were made in the background)")
 
 
 # --- workers -------------------------------------------------------------------------------------------------

@@ -290,7 +290,10 @@ class HFModel(LanguageModel):
     def new_cache(self) -> Any:
         if not self.static:
             return self.dynamic.new_cache()
-        return static.StaticKV(self.kv_shapes, self.dtype, self.device, storage=self.kv_storage())
+        cache = static.StaticKV(self.kv_shapes, self.dtype, self.device, storage=self.kv_storage())
+        # a cache made for eager steps stays eager: a model may turn compiled meanwhile (`background.switch_ready`)
+        cache.compiled = cache.compiled and self.compile
+        return cache
 
     def kv_storage(self) -> torch.dtype:
         """The type the static cache holds: bfloat16 where this model's steps are the batch-invariant ones on our
