@@ -258,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
         "several; on a CPU they share the cores, so timings are not comparable with one process)",
     )
     b.add_argument("--force", action="store_true", help="discard an earlier results.jsonl in --out")
+    b.add_argument(
+        "--batch",
+        default=None,
+        metavar="N[,N...]",
+        help="decode the whole prompt set N sequences at a time (continuous batching), for each N, against "
+        "transformers' batched generate (hf): aggregate tokens/s and tokens per target call per method "
+        "(default methods: ar, the default, hf); writes batch.jsonl, batch.md, batch.png",
+    )
     b.add_argument("--no-warmup", action="store_true")
     b.add_argument(
         "--preset",
@@ -519,6 +527,8 @@ def cmd_bench(args) -> int:
 
     if args.processes < 1:
         raise ValueError(f"--processes must be at least 1, got {args.processes}")
+    if args.batch is not None:
+        return _bench_batched(args, prompts, temperatures, max_new, methods)
     if args.processes > 1 and sweep.launched():
         raise ValueError("--processes is for a plain run; under accelerate launch, give --num_processes to it")
     state = sweep.process_state() if sweep.launched() else None
@@ -574,6 +584,47 @@ def cmd_bench(args) -> int:
             up = s["speedup"]["median"] if s["speedup"] else float("nan")
             print(f"  {name:24s} {tps:7.1f} tokens/s  {up:5.2f}x {base}  ({s['prompts']} ok, {s['errors']} errors)")
     print(f"wrote {args.out}/report.md, summary.json, results.jsonl, speedup.png, quality_speed.png")
+    return 0
+
+
+def _bench_batched(args, prompts, temperatures, max_new, methods) -> int:
+    from ..api import load_pair
+    from ..params import DEFAULT_METHOD
+    from ..tools.bench.batched import run_batched
+
+    try:
+        rows = [int(n) for n in args.batch.split(",") if n.strip()]
+    except ValueError:
+        raise ValueError(f"--batch takes row counts such as 8 or 1,2,4,8, got {args.batch!r}") from None
+    if args.processes != 1:
+        raise ValueError("--batch runs in one process: leave out --processes")
+    methods = args.method or ["ar", DEFAULT_METHOD, "hf"]
+    compile = _compile(args, measuring=True)
+    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
+    print(
+        f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures, "
+        f"{args.batch} at a time, on {' / '.join(pair.description)} -> {args.out}",
+        file=sys.stderr,
+    )
+    run_batched(
+        pair.target,
+        pair.draft,
+        prompts,
+        methods,
+        args.out,
+        rows,
+        temperatures=temperatures,
+        max_new_tokens=max_new,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        chat=not args.no_chat,
+        baseline=args.baseline,
+        resume=args.resume,
+        force=args.force,
+        warmup=not args.no_warmup,
+    )
+    print(f"wrote {args.out}/batch.md, batch.jsonl, batch.png")
     return 0
 
 
