@@ -163,6 +163,8 @@ def describe_model(model: LanguageModel) -> str:
             if getattr(getattr(model, "steps", None), "kernel", None) == "invariant"
             else "compiled"
         )
+    elif getattr(model, "auto_compile", False) and background.waiting(model):
+        how.append("eager until its compiled steps are made (in the background)")
     return DEFAULT_NAMES.get(model.name, model.name) + " - " + ", ".join(h for h in how if h)
 
 

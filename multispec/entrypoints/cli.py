@@ -560,16 +560,7 @@ def cmd_bench(args) -> int:
         prompts,
         methods,
         args.out,
-        temperatures=temperatures,
-        max_new_tokens=max_new,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        chat=not args.no_chat,
-        baseline=args.baseline,
-        resume=args.resume,
-        force=args.force,
-        warmup=not args.no_warmup,
+        **_run_settings(args, temperatures, max_new),
         models=pair.description,
         state=state,
         gguf=args.gguf,
@@ -585,6 +576,22 @@ def cmd_bench(args) -> int:
             print(f"  {name:24s} {tps:7.1f} tokens/s  {up:5.2f}x {base}  ({s['prompts']} ok, {s['errors']} errors)")
     print(f"wrote {args.out}/report.md, summary.json, results.jsonl, speedup.png, quality_speed.png")
     return 0
+
+
+def _run_settings(args, temperatures, max_new) -> dict:
+    """The run settings `run_bench` and `run_batched` both take, from bench's arguments."""
+    return dict(
+        temperatures=temperatures,
+        max_new_tokens=max_new,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        chat=not args.no_chat,
+        baseline=args.baseline,
+        resume=args.resume,
+        force=args.force,
+        warmup=not args.no_warmup,
+    )
 
 
 def _bench_batched(args, prompts, temperatures, max_new, methods) -> int:
@@ -613,16 +620,7 @@ def _bench_batched(args, prompts, temperatures, max_new, methods) -> int:
         methods,
         args.out,
         rows,
-        temperatures=temperatures,
-        max_new_tokens=max_new,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        chat=not args.no_chat,
-        baseline=args.baseline,
-        resume=args.resume,
-        force=args.force,
-        warmup=not args.no_warmup,
+        **_run_settings(args, temperatures, max_new),
     )
     print(f"wrote {args.out}/batch.md, batch.jsonl, batch.png")
     return 0

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from multispec.api import load_model
+from multispec.api import describe_model, load_model
 from multispec.entrypoints.cli import main
 from multispec.models.hf import background
 from tests.conftest import tiny_llama
@@ -70,6 +70,7 @@ def test_a_first_run_is_eager_and_a_background_worker_makes_the_steps(cache, tin
     model = load_model(str(tiny_folder))
     assert model.auto_compile and not model.compile  # nothing is made yet: this process runs eagerly
     assert "its compiled steps are being made in the background" in capsys.readouterr().err
+    assert describe_model(model).endswith("float32, eager until its compiled steps are made (in the background)")
     (worker,) = background.workers()
     pid = worker["pid"]
     assert worker["alive"] and worker["role"] == "target" and worker["source"] == str(tiny_folder)

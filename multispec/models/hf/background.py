@@ -166,6 +166,9 @@ def settle(hf: HFModel, role: str) -> None:
         hf.enable_compile()  # its steps compile as it first needs them (a bench's warm-up)
         note(f"multispec: {hf.name}'s compiled steps are made in this process, before anything is timed")
         return
+    if getattr(hf, "source", None) is None:
+        note(f"multispec: {hf.name} runs eagerly (it was not loaded from a name or folder a worker could load)")
+        return
     _waiting.append((weakref.ref(hf), role))  # compiled from its next generation once they are made
     running = worker_for(hf, role)
     if running is not None:
@@ -173,9 +176,6 @@ def settle(hf: HFModel, role: str) -> None:
             f"multispec: {hf.name} runs eagerly: its compiled steps are being made in the background "
             f"({running.get('done', 0)} of {running.get('total', len(BUCKETS))} shapes; `multispec cache` shows it)"
         )
-        return
-    if getattr(hf, "source", None) is None:
-        note(f"multispec: {hf.name} runs eagerly (it was not loaded from a name or folder a worker could load)")
         return
     pid = spawn(hf, role)
     note(
@@ -187,6 +187,12 @@ def settle(hf: HFModel, role: str) -> None:
 _waiting: list[tuple[weakref.ref, str]] = []  # (model, role) this process runs eagerly while a worker makes its steps
 _checked = 0.0
 CHECK_SECONDS = 5.0  # how often a long-lived process (a server) looks for them
+
+
+def waiting(hf: HFModel) -> bool:
+    """Whether this process runs `hf` eagerly while its compiled steps are made (`settle` started or found a
+    worker for it)."""
+    return any(ref() is hf for ref, _ in _waiting)
 
 
 def switch_ready() -> None:

@@ -4,20 +4,10 @@
 import json
 
 import pytest
-import torch
 
 from multispec.entrypoints.cli import main
 from multispec.tools.bench import load_prompts
 from multispec.tools.bench.batched import BATCH_RESULTS, run_batched
-from tests.conftest import tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    target, draft = tiny_llama(seed=0), tiny_llama(seed=0)
-    with torch.no_grad():
-        draft.model.lm_head.weight.add_(torch.randn_like(draft.model.lm_head.weight) * 0.3)
-    return target, draft
 
 
 def id_prompts(tmp_path, n=4):
