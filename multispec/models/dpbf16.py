@@ -42,6 +42,14 @@ def unavailable() -> str | None:
     return _state["why"]
 
 
+def built() -> bool:
+    """Whether the kernel runs in this process, or is built on this machine already (so that loading it compiles
+    nothing); False where it was never built here, or does not run."""
+    if "why" in _state:
+        return _state["why"] is None
+    return any((machine.store_path().with_name("kernels") / f"dpbf16-{_digest()}").glob("*.so"))
+
+
 def _load() -> str | None:
     if os.environ.get(VARIABLE, "1") == "0":
         return f"{VARIABLE}=0"

@@ -110,7 +110,7 @@ def test_once_every_step_is_made_a_later_process_runs_compiled_and_compiles_noth
     before = early.new_cache()
 
     first = load_model(str(tiny_folder), compile=True)
-    assert background.missing(first, "target") == ["1 new tokens: its kernel choice"]
+    assert background.missing(first, "target") == ["1 new token: its kernel choice"]
     made = prepare_model(first, "target")
     assert made["compiled"] >= 1 and made["missing"] == []
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...console import note
-from ...machine import cache_dir
+from ...machine import cache_dir, cpu_flags
 from .. import dpbf16, packaged
 from ..static import bucket
 from . import store
@@ -89,6 +89,10 @@ def missing(hf: HFModel, role: str) -> list[str]:
     process, as `compile=True` would run it: each a few words; [] when every bucket's step is packaged here."""
     from .compiled import CompiledSteps
 
+    if hf.device.type == "cpu" and hf.dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags() and not dpbf16.built():
+        # our kernel is built first (a compile of its own, which only a worker or --compile pays for); the steps'
+        # kernel choices depend on it
+        return ["our bfloat16 kernel"]
     hf = _Compiled(hf)  # keys name the compiled engine; nothing is decided on the model itself
     steps = hf.steps = CompiledSteps(hf, "auto", exact=None)
     lacking = []
@@ -102,20 +106,20 @@ def missing(hf: HFModel, role: str) -> list[str]:
             steps._invariant_kind = INVARIANT_DPBF16
     storage = _storage(hf, kernel)
     for width in BUCKETS:
-        shape = (1, width)
+        shape, tokens = (1, width), f"{width} new token{'s' if width > 1 else ''}"
         if kernel == INVARIANT:
             kind = INVARIANT_DPBF16
         else:
             entry = store.stored_choice(hf, shape)
             if entry is None or steps.offers(entry["kernel"]) is not None or steps._untried(entry):
-                lacking.append(f"{width} new tokens: its kernel choice")
+                lacking.append(f"{tokens}: its kernel choice")
                 continue
             kind = entry["kernel"]
         stored = kind if storage == torch.float32 else f"{kind}-kv-{str(storage).removeprefix('torch.')}"
         if not packaged.path_for(steps.package_key(), stored, shape).exists():
-            lacking.append(f"{width} new tokens: its compiled step")
+            lacking.append(f"{tokens}: its compiled step")
         elif kernel == INVARIANT and width > bucket(1) and store.stored_check(hf, width) is None:
-            lacking.append(f"{width} new tokens: its invariance check")
+            lacking.append(f"{tokens}: its invariance check")
     return lacking
 
 
