@@ -62,10 +62,15 @@ def run(models: list[tuple[object, str]], in_background: bool = False) -> list[d
             except BaseException as e:
                 background.write_status(status, state="failed", error=f"{type(e).__name__}: {e}"[:500])
                 raise
+            if results[-1]["missing"]:  # (a model that does not export): later runs do not start it again
+                error = "still missing after compiling: " + ", ".join(results[-1]["missing"])
+                background.write_status(status, state="failed", error=error)
             continue
         with tqdm(total=len(background.BUCKETS), unit="shape", leave=True) as bar:
             results.append(prepare_model(model, role, bar=bar))
         left = results[-1]["missing"]
+        if not left:
+            status.unlink(missing_ok=True)  # a failed background compile of it is over
         note(
             f"multispec: {model.name} ({role}): {results[-1]['compiled']} graph(s) compiled in "
             f"{results[-1]['seconds']:.0f} s" + (f"; still missing: {', '.join(left)}" if left else "; ready")

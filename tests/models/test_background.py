@@ -51,6 +51,17 @@ def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cac
     assert background.workers() == []
 
 
+def test_a_failed_background_compile_is_not_started_again_on_every_run(cache, tiny_folder, capsys):
+    status = background.status_path(str(tiny_folder), "target", torch.float32, torch.device("cpu"))
+    background.write_status(status, model="tiny", role="target", pid=1 << 30, state="failed", error="it broke")
+    model = load_model(str(tiny_folder))
+    assert not model.compile and not background.waiting(model)
+    assert "its compiled steps could not be made here (it broke)" in capsys.readouterr().err
+    assert [w["state"] for w in background.workers()] == ["failed"]  # no worker was started
+    assert main(["cache"]) == 0
+    assert "background compile  tiny (target)  failed  0 of 7 shapes: it broke" in capsys.readouterr().out
+
+
 def test_eager_and_compile_flags_conflict():
     with pytest.raises(SystemExit, match="--eager and --compile"):
         main(["generate", "hi", "--eager", "--compile"])

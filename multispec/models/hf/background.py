@@ -173,14 +173,22 @@ def settle(hf: HFModel, role: str) -> None:
     if getattr(hf, "source", None) is None:
         note(f"multispec: {hf.name} runs eagerly (it was not loaded from a name or folder a worker could load)")
         return
-    _waiting.append((weakref.ref(hf), role))  # compiled from its next generation once they are made
     running = worker_for(hf, role)
     if running is not None:
+        _waiting.append((weakref.ref(hf), role))  # compiled from its next generation once they are made
         note(
             f"multispec: {hf.name} runs eagerly: its compiled steps are being made in the background "
             f"({running.get('done', 0)} of {running.get('total', len(BUCKETS))} shapes; `multispec cache` shows it)"
         )
         return
+    last = last_status(hf, role)
+    if last is not None and last.get("state") == "failed":  # not started again on every run
+        note(
+            f"multispec: {hf.name} runs eagerly: its compiled steps could not be made here ({last.get('error', '?')}); "
+            "`multispec cache` shows the log, `multispec compile` tries again"
+        )
+        return
+    _waiting.append((weakref.ref(hf), role))
     pid = spawn(hf, role)
     note(
         f"multispec: {hf.name} runs eagerly in this process; its compiled steps are being made in the background "
@@ -270,14 +278,20 @@ def workers() -> list[dict]:
     return sorted(found, key=lambda e: -float(e.get("updated", 0)))
 
 
-def worker_for(hf: HFModel, role: str) -> dict | None:
-    """The status of a live worker for this model and role, if one is queued or compiling."""
+def last_status(hf: HFModel, role: str) -> dict | None:
+    """The last status a worker for this model and role wrote on this machine, if any."""
     path = status_path(hf.source or hf.name, role, hf.dtype, hf.device)
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    live = isinstance(entry, dict) and entry.get("state") in ("queued", "compiling") and _alive(entry.get("pid"))
+    return entry if isinstance(entry, dict) else None
+
+
+def worker_for(hf: HFModel, role: str) -> dict | None:
+    """The status of a live worker for this model and role, if one is queued or compiling."""
+    entry = last_status(hf, role)
+    live = entry is not None and entry.get("state") in ("queued", "compiling") and _alive(entry.get("pid"))
     return entry if live else None
 
 
