@@ -439,10 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _compile(args, measuring: bool = False) -> bool | str:
+def _compile(args) -> bool | str:
     """What `load_pair` takes for --compile, --eager, --invariant and --fast (eager forwards are batch-invariant
-    already); "auto" when none is given. `measuring` (bench, tune, reproduce, cost-curve): "auto" compiles what is
-    missing in this process, before timing, instead of in the background beside the measurement."""
+    already); "auto" when none is given."""
     invariant, fast = getattr(args, "invariant", False), getattr(args, "fast", False)
     eager = getattr(args, "eager", False)
     if invariant and fast:
@@ -455,11 +454,18 @@ def _compile(args, measuring: bool = False) -> bool | str:
         return "invariant" if invariant else "fast"
     if args.compile:
         return True
-    if measuring:
-        from ..models.hf import background
-
-        background.in_foreground = True
     return "auto"
+
+
+def _measured_pair(args, device):
+    """`load_pair` for the commands that measure (bench, tune, reproduce, cost-curve): with no flag, what is not
+    compiled yet is compiled in this process, before anything is timed, not in a worker beside the measurement."""
+    from ..api import load_pair
+    from ..models.hf import background
+
+    compile = _compile(args)
+    with background.foreground():
+        return load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=compile)
 
 
 def cmd_methods(args) -> int:
@@ -538,10 +544,8 @@ def cmd_bench(args) -> int:
         print(f"bench: {len(prompts)} prompts over {args.processes} processes (accelerate launch)", file=sys.stderr)
         return sweep.launch(sweep.without_processes(args.argv), args.processes)
 
-    from ..api import load_pair
-
     device = args.device or (sweep.process_device(state) if state is not None else None)
-    pair = load_pair(args.target, args.draft, device=device, dtype=args.dtype, compile=_compile(args, measuring=True))
+    pair = _measured_pair(args, device)
     if main_process:
         from ..tools.tune import plan_mismatches
 
@@ -595,7 +599,6 @@ def _run_settings(args, temperatures, max_new) -> dict:
 
 
 def _bench_batched(args, prompts, temperatures, max_new, methods) -> int:
-    from ..api import load_pair
     from ..params import DEFAULT_METHOD
     from ..tools.bench.batched import run_batched
 
@@ -606,8 +609,7 @@ def _bench_batched(args, prompts, temperatures, max_new, methods) -> int:
     if args.processes != 1:
         raise ValueError("--batch runs in one process: leave out --processes")
     methods = args.method or ["ar", DEFAULT_METHOD, "hf"]
-    compile = _compile(args, measuring=True)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
+    pair = _measured_pair(args, args.device)
     print(
         f"bench: {len(prompts)} prompts x {len(methods)} methods x {len(temperatures)} temperatures, "
         f"{args.batch} at a time, on {' / '.join(pair.description)} -> {args.out}",
@@ -951,11 +953,9 @@ def cmd_cost_curve(args) -> int:
         raise ValueError(f"--out {out} is a folder; give a file name (e.g. {out / 'cost-curve.json'})")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-    from ..api import load_pair
     from ..models.cost import write_cost_curves
 
-    compile = _compile(args, measuring=True)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
+    pair = _measured_pair(args, args.device)
     data = write_cost_curves(out, {"target": pair.target, "draft": pair.draft}, repeats=args.repeats)
     print(f"{data['device']}, {data['date']}, host {data['host']}")
     for role, c in data["models"].items():
@@ -1096,10 +1096,8 @@ def cmd_reproduce(args) -> int:
         from ..models.cost import read_cost_curves
 
         read_cost_curves(args.device_curve)
-    from ..api import load_pair
 
-    compile = _compile(args, measuring=True)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
+    pair = _measured_pair(args, args.device)
     data = reproduce(
         pair.target,
         pair.draft,
@@ -1129,10 +1127,8 @@ def cmd_tune(args) -> int:
     if len(prompts) < 2:
         raise ValueError(f"tune needs at least 2 prompts; the selection after --skip {args.skip} has {len(prompts)}")
     bench.check_settings([args.temperature], args.max_new_tokens, args.top_k, args.top_p)
-    from ..api import load_pair
 
-    compile = _compile(args, measuring=True)
-    pair = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, compile=compile)
+    pair = _measured_pair(args, args.device)
     if pair.draft is None:
         raise ValueError("tune needs a draft model (--draft)")
 

@@ -62,6 +62,14 @@ def test_a_failed_background_compile_is_not_started_again_on_every_run(cache, ti
     assert "background compile  tiny (target)  failed  0 of 7 shapes: it broke" in capsys.readouterr().out
 
 
+def test_a_measuring_command_compiles_in_its_own_process_and_only_while_it_loads(cache, tiny_folder, capsys):
+    with background.foreground():  # what bench, tune, reproduce and cost-curve load their pair in
+        model = load_model(str(tiny_folder))
+    assert model.compile and background.workers() == []  # its steps compile here, as it first needs them
+    assert "compiled steps are made in this process, before anything is timed" in capsys.readouterr().err
+    assert background.in_foreground is False
+
+
 def test_eager_and_compile_flags_conflict():
     with pytest.raises(SystemExit, match="--eager and --compile"):
         main(["generate", "hi", "--eager", "--compile"])

@@ -51,9 +51,19 @@ POLICIES = ("auto", "eager", "background")
 # the buckets of new tokens a compiled model steps in (one row): all of them are compiled before a process uses any
 BUCKETS = tuple(1 << i for i in range(COMPILED_TOKENS.bit_length()) if 1 << i <= COMPILED_TOKENS)
 ROLES = ("target", "draft")
-# set by the commands that measure (bench, tune, reproduce, cost-curve): "auto" then compiles what is missing in
-# this process, before it times anything, instead of in a worker running beside the measurement
+# within `foreground()` (the commands that measure: bench, tune, reproduce, cost-curve), "auto" compiles what is
+# missing in this process, before anything is timed, instead of in a worker running beside the measurement
 in_foreground = False
+
+
+@contextlib.contextmanager
+def foreground():
+    global in_foreground
+    before, in_foreground = in_foreground, True
+    try:
+        yield
+    finally:
+        in_foreground = before
 
 
 def policy() -> str:
