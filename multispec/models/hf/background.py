@@ -107,14 +107,14 @@ def missing(hf: HFModel, role: str) -> list[str]:
     steps = hf.steps = CompiledSteps(hf, "auto", exact=None)
     lacking = []
     kernel = "auto"
-    if role == "target" and _exact_eligible(hf, steps):
+    if role == "target" and steps.exact_eligible():
         kept = store.stored_entry(steps.package_key(), EXACT_CHOICE)
         if not isinstance((kept or {}).get("exact"), bool):
             return ["the choice between batch-invariant and fast steps"]
         if kept["exact"]:
             kernel = steps.kernel = INVARIANT
             steps._invariant_kind = INVARIANT_DPBF16
-    storage = _storage(hf, kernel)
+    storage = type(hf._hf).kv_storage(hf)  # (the model's own rule, read through the compiled view)
     for width in BUCKETS:
         shape, tokens = (1, width), f"{width} new token{'s' if width > 1 else ''}"
         if kernel == INVARIANT:
@@ -125,31 +125,12 @@ def missing(hf: HFModel, role: str) -> list[str]:
                 lacking.append(f"{tokens}: its kernel choice")
                 continue
             kind = entry["kernel"]
-        stored = kind if storage == torch.float32 else f"{kind}-kv-{str(storage).removeprefix('torch.')}"
+        stored = steps.stored_name(kind, storage)
         if not packaged.path_for(steps.package_key(), stored, shape).exists():
             lacking.append(f"{tokens}: its compiled step")
         elif kernel == INVARIANT and width > bucket(1) and store.stored_check(hf, width) is None:
             lacking.append(f"{tokens}: its invariance check")
     return lacking
-
-
-def _exact_eligible(hf: HFModel, steps) -> bool:
-    # as `CompiledSteps.resolve_kernel` decides whether to race the batch-invariant step
-    return (
-        hf.device.type == "cpu"
-        and hf.dtype == torch.bfloat16
-        and steps.offers("dpbf16") is None
-        and dpbf16.routes_all(hf.model)
-    )
-
-
-def _storage(hf: HFModel, kernel: str) -> torch.dtype:
-    # `HFModel.kv_storage` as it would be with these steps
-    if kernel == INVARIANT and hf.device.type == "cpu" and hf.dtype == torch.bfloat16:
-        softcap = getattr(hf.model.config, "attn_logit_softcapping", None)
-        if not softcap and all(dpbf16.attends(k[3], v[3]) for k, v, _ in hf.kv_shapes):
-            return torch.bfloat16
-    return torch.float32
 
 
 class _Compiled:
@@ -228,8 +209,8 @@ def switch_ready() -> None:
     for entry in list(_waiting):
         ref, role = entry
         hf = ref()
-        if hf is None or hf.compile:
-            _waiting.remove(entry)
+        if hf is None or hf.compile or (last_status(hf, role) or {}).get("state") == "failed":
+            _waiting.remove(entry)  # (a failed worker's steps are not looked for again)
         elif worker_for(hf, role) is None and not missing(hf, role):
             _waiting.remove(entry)
             hf.enable_compile()

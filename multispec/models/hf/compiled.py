@@ -73,18 +73,26 @@ class CompiledSteps:
         then equal greedy `ar`'s in bfloat16 as well."""
         if self._exact is None:
             self._exact = False  # (the race's own steps come back here)
-            eligible = (
-                self.hf.device.type == "cpu"
-                and self.hf.dtype == torch.bfloat16
-                and self.offers(DPBF16) is None
-                and dpbf16.routes_all(self.hf.model)
-            )
-            if eligible:
+            if self.exact_eligible():
                 kept = store.stored_entry(self.package_key(), EXACT_CHOICE)
                 exact = kept["exact"] if isinstance((kept or {}).get("exact"), bool) else self._race_exact()
                 if exact:
                     self.kernel, self._invariant_kind, self._exact = INVARIANT, INVARIANT_DPBF16, True
         return self.kernel
+
+    def exact_eligible(self) -> bool:
+        """Whether compile=True races the batch-invariant step on our kernels against the fast one here."""
+        return (
+            self.hf.device.type == "cpu"
+            and self.hf.dtype == torch.bfloat16
+            and self.offers(DPBF16) is None
+            and dpbf16.routes_all(self.hf.model)
+        )
+
+    @staticmethod
+    def stored_name(kind: str, storage: torch.dtype) -> str:
+        """The name a variant's package is kept under: one per type of cache buffer it was exported with."""
+        return kind if storage == torch.float32 else f"{kind}-kv-{str(storage).removeprefix('torch.')}"
 
     def _race_exact(self) -> bool:
         key = self.package_key()  # the fast steps' (the choice is kept under it)
@@ -291,7 +299,7 @@ class CompiledSteps:
         if self.packaging():
             # a package takes the cache's buffers in the type they were exported with: one per storage type
             storage = args[4][0].dtype
-            stored = kind if storage == torch.float32 else f"{kind}-kv-{str(storage).removeprefix('torch.')}"
+            stored = self.stored_name(kind, storage)
             step = self._packages.get((stored, shape)) or self._package(kind, shape, args, kernels, t0, stored)
             if step is not None:
                 ids, positions, masks, slots, keys, values = args
