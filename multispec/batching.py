@@ -2,16 +2,17 @@
 
 Each generation runs its method as it runs alone (`generate`), in its own thread, on stand-ins for the two models
 (`RowModel`) whose cache is one row of a batch cache (`static.RowKV`). A stand-in's forward does not run: it is
-handed to the batch's scheduler thread and waits. The scheduler takes every waiting forward, runs the prompts
-(a row's first feed) one by one, and all other feeds of a model in one forward over the rows
-(`HFModel.forward_rows`), then wakes each generation with its logits. Rows join when a generation starts and
-leave when it ends, between forwards.
+handed to the batch's scheduler thread and waits. The scheduler takes every waiting forward and runs all feeds of
+a model in one packed forward over the rows (`HFModel.forward_rows`), then wakes each generation with its logits.
+A row's prompt joins those forwards in chunks (`PREFILL_CHUNK`), beside the rows that decode. Rows join when a
+generation starts and leave when it ends, between forwards.
 
 Why this keeps every method exact, row by row: a row's verdict reads only its own logits, its own draft
 probabilities and its own random generator (seeded from its request); its forward's logits do not depend on the
-other rows (each row attends to its own entries only, in fixed blocks, and every step is padded to enough rows
-that the matrix products sum alike: `HFModel.batch_rows`). So a sequence decoded in a batch gets the tokens it
-gets decoded in a batch of one, whatever else runs (`tests/test_batching.py`).
+other rows (each row attends to its own entries only, in fixed blocks; every step is padded to enough tokens that
+the matrix products sum alike, `HFModel.batch_rows`; a prompt is cut into chunks at the same offsets whatever
+else runs). So a sequence decoded in a batch gets the tokens it gets decoded in a batch of one, whatever else
+runs (`tests/test_batching.py`).
 
 Methods that hold several hypotheses in several cache rows (beam search and its kin, `batch-sd`, trees scored one
 row per path) run alone: the scheduler runs such a generation whole between two batched forwards.
@@ -38,7 +39,12 @@ GAP_SECONDS = 1.0  # a longer pause between two batched forwards is an idle batc
 HOLD_SECONDS = 1.0  # the longest a row's target feed is held back while other rows draft (see `_schedule`)
 POOLED_TRIES = 12  # the weight of the batch's pooled acceptance record in a joining row's (`RowLoad.pooled`)
 MAX_POOLED_GAMMA = 16  # draft positions the pooled record keeps
-PROMPT_TOKENS = 64  # a feed of more new tokens than this (a prompt) runs alone, not padded into the batch
+PROMPT_TOKENS = 64  # a feed of more new tokens than this that is not a prompt runs alone, not packed into the batch
+# a row's prompt joins the batched forwards in chunks of this many tokens, at fixed offsets (so its entries get the
+# same bits whatever runs beside it), at most PREFILL_TOKENS of prompts in one forward (at least one chunk): the
+# decoding rows wait for a chunk, not for a whole prompt
+PREFILL_CHUNK = 64
+PREFILL_TOKENS = 256
 
 
 class Cancelled(Exception):
@@ -60,6 +66,12 @@ class _Feed:
     model: Any = None  # the model to run it on, when not the role's (a draft with a reduced head, `with_head_rows`)
     layers: tuple[int, ...] | None = None  # the layers whose inputs to keep (a feature-level draft's target)
     features: list | None = None  # then: per layer, [1, n, hidden] of the fed tokens
+    # a prompt fed in chunks (`Batcher._chunks`): its tokens fed so far, and the kept logits and features so far;
+    # a chunk's feed: the prompt's feed, and how many of its logits the prompt keeps
+    fed: int = 0
+    parts: list = field(default_factory=list)
+    parent: _Feed | None = None
+    kept: int = 0
 
 
 class RowLoad:
@@ -166,6 +178,15 @@ class RowModel(LanguageModel):
             self._row_cache = self._batcher._row_cache(self._role, self._row)
             return self._row_cache
         return self._model.new_cache()  # another cache (scoring the output afterwards): its forwards run alone
+
+    def score_cache(self):
+        """The cache `likelihood.mean_logprob` scores the output in once the generation is over: the generation's
+        row, emptied (its entries are not read again), so that the scoring forward is fed in chunks with the other
+        rows' steps instead of alone."""
+        if self._row_cache is None:
+            return self._model.new_cache()
+        self._model.crop(self._row_cache, 0)
+        return self._row_cache
 
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
         row = self._row if cache is self._row_cache else None
@@ -290,8 +311,11 @@ class Batcher:
         # batched forwards, the rows they held and their seconds; forwards run alone (prompts, other caches);
         # generations run alone (several rows, or longer than a row)
         self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "single": 0, "whole": 0}
-        # prompts run alone while other rows decode: they wait that long (no chunked prefill); in all and the most
-        self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0)
+        # forwards run alone while other rows decode (scoring an output, a method of several rows): the others wait
+        # that long, in all and the most; prompts' chunks in batched forwards, and their tokens
+        self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0, prefill_chunks=0, prefill_tokens=0)
+        self.stats["prefill_shared"] = 0  # batched forwards that fed prompts' chunks and decoding rows together
+        self._prefilling: dict[str, list[_Feed]] = {}  # per model: prompts fed in chunks, in arrival order
         self._thread = threading.Thread(target=self._schedule, name="multispec-batch", daemon=True)
         self._thread.start()
 
@@ -343,8 +367,8 @@ class Batcher:
         self._thread.join(timeout=30)
 
     def entries(self, role: str, rows: int, width: int) -> int:
-        """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_width`)."""
-        return rows * self.models[role].batch_width(rows, width)
+        """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_entries`)."""
+        return self.models[role].batch_entries(rows * width)
 
     def single_cost(self, role: str):
         """A model's cost curve for one sequence (`forward_cost`, a draft's), measured on the scheduler's thread."""
@@ -418,16 +442,17 @@ class Batcher:
     def _schedule(self) -> None:
         while True:
             with self._lock:
-                while not (self._waiting or self._alone or self._closed):
+                while not (self._waiting or self._alone or self._closed or self._prefills()):
                     self._lock.wait()
-                if self._closed and not (self._waiting or self._alone):
+                if self._closed and not (self._waiting or self._alone or self._prefills()):
                     return
                 # once a feed waits, give the other active rows a moment to send theirs (they verify between
                 # forwards): a fuller batch costs about what a thin one does
                 deadline = time.monotonic() + (WAIT_SECONDS if self.batched else 0.0)
                 while (
                     not self._alone
-                    and len({f.row for f in self._waiting if f.row is not None}) < len(self._active)
+                    and len({f.row for f in self._waiting if f.row is not None} | self._prefilling_rows())
+                    < len(self._active)
                     and time.monotonic() < deadline
                 ):
                     self._lock.wait(max(0.0, deadline - time.monotonic()))
@@ -438,11 +463,16 @@ class Batcher:
             batched: dict[str, list[_Feed]] = {}
             for feed in feeds:
                 tokens = feed.args[0]
-                if feed.row is None or feed.cache.length == 0 or tokens.shape[-1] > PROMPT_TOKENS:
+                if self._chunked(feed):
+                    self._prefilling.setdefault(feed.role, []).append(feed)
+                elif feed.row is None or feed.cache.length == 0 or tokens.shape[-1] > PROMPT_TOKENS:
                     self._run(feed, lambda f=feed: self._forward_alone(f))
                 else:
                     batched.setdefault(feed.role, []).append(feed)
             held = self._hold(batched)
+            chunks = self._chunks()
+            for role, part in chunks.items():
+                batched.setdefault(role, []).extend(part)
             for role, group in batched.items():
                 # one forward per model: a draft with a reduced head runs its rows apart (the cache is shared)
                 by_model: dict[int, list[_Feed]] = {}
@@ -450,9 +480,87 @@ class Batcher:
                     by_model.setdefault(id(feed.model or self.models[role]), []).append(feed)
                 for part in by_model.values():
                     self._run_rows(role, part)
+            for part in chunks.values():
+                self._join_chunks(part)
             if held:
                 with self._lock:
                     self._waiting[:0] = held
+
+    def _prefills(self) -> bool:
+        return any(self._prefilling.values())
+
+    def _prefilling_rows(self) -> set[int]:
+        return {f.row for part in self._prefilling.values() for f in part}
+
+    def _chunked(self, feed: _Feed) -> bool:
+        """Whether a feed is a prompt that joins the batched forwards in chunks: the first feed of a batch row (a
+        prompt, and maybe a chain or tree drafted after it), no entry seeing one fed after it."""
+        tokens, _, mask = feed.args[:3]
+        if not (feed.row is not None and feed.role in self.caches and feed.cache.length == 0):
+            return False
+        if tokens.dim() != 2 or tokens.shape[0] != 1:
+            return False
+        return mask is None or not bool(mask.reshape(tokens.shape[-1], -1).triu(1).any())
+
+    def _chunks(self) -> dict[str, list[_Feed]]:
+        """The next chunk of each prompt being fed, per model, in arrival order, up to PREFILL_TOKENS in all (at
+        least one): feeds of their own, each pointing at its prompt's (`_join_chunks`)."""
+        out: dict[str, list[_Feed]] = {}
+        for role, pending in self._prefilling.items():
+            budget = PREFILL_TOKENS
+            for feed in list(pending):
+                tokens, positions, mask, keep, fused, invariant = feed.args
+                n = tokens.shape[-1]
+                start, end = feed.fed, min(n, feed.fed + PREFILL_CHUNK)
+                if end - start > budget and out.get(role):
+                    break
+                budget -= end - start
+                keep = keep or n
+                # the fused prefix as `HFModel.forward` takes it: the prompt's first tokens, none of them kept
+                fused = min(fused, end) if start == 0 and keep <= n - fused else 0
+                kept = max(0, end - max(start, n - keep))  # this chunk's tokens among those the prompt keeps
+                args = (
+                    tokens[:, start:end],
+                    None if positions is None else positions[:, start:end],
+                    None if mask is None else mask.reshape(1, n, -1)[:, start:end, :end],
+                    max(kept, 1),
+                    fused,
+                    invariant,
+                )
+                chunk = _Feed(role, feed.row, feed.cache, args, model=feed.model, layers=feed.layers)
+                chunk.parent, chunk.kept = feed, kept
+                out.setdefault(role, []).append(chunk)
+                feed.fed = end
+                if end == n:
+                    pending.remove(feed)
+                self.stats["prefill_chunks"] += 1
+                self.stats["prefill_tokens"] += end - start
+        return out
+
+    def _join_chunks(self, chunks: list[_Feed]) -> None:
+        """A chunk's logits and features into its prompt's feed; the prompt's generation wakes after its last
+        chunk, or at the first that failed."""
+        for chunk in chunks:
+            feed = chunk.parent
+            if feed.done.is_set():
+                continue
+            if chunk.error is not None:
+                feed.error = chunk.error
+                pending = self._prefilling.get(feed.role, [])
+                if feed in pending:
+                    pending.remove(feed)
+                feed.done.set()
+                continue
+            feed.parts.append(
+                (chunk.logits[:, chunk.logits.shape[1] - chunk.kept :] if chunk.kept else None, chunk.features)
+            )
+            if feed.fed == feed.args[0].shape[-1] and feed not in self._prefilling.get(feed.role, []):
+                logits = [p[0] for p in feed.parts if p[0] is not None]
+                feed.logits = torch.cat(logits, 1)
+                if feed.layers:
+                    feed.features = [torch.cat([p[1][i] for p in feed.parts], 1) for i in range(len(feed.layers))]
+                feed.parts = []
+                feed.done.set()
 
     @staticmethod
     def _hold(batched: dict[str, list[_Feed]]) -> list[_Feed]:
@@ -506,7 +614,10 @@ class Batcher:
                     f"{f.cache.length + tokens.shape[-1]} asked for"
                 )
             else:
-                feeds.append((f.row, f.cache, tokens[0], None if positions is None else positions[0], mask, keep))
+                fused = f.args[4] if f.cache.length == 0 else 0
+                feeds.append(
+                    (f.row, f.cache, tokens[0], None if positions is None else positions[0], mask, keep, fused)
+                )
                 fit.append(f)
         for f in group:
             if f.error is not None:
@@ -514,7 +625,7 @@ class Batcher:
         group = fit
         if not group:
             return
-        rows, width = 1 + max(f.row for f in group), max(f.args[0].shape[-1] for f in group)
+        tokens = sum(f.args[0].shape[-1] for f in group)
         if self._last_end is not None and t0 - self._last_end < GAP_SECONDS:
             self.gap = 0.8 * self.gap + 0.2 * (t0 - self._last_end)
         layers = tuple(sorted({i for f in group for i in f.layers or ()}))
@@ -522,21 +633,25 @@ class Batcher:
             with model.hidden_features(layers) if layers else contextlib.nullcontext([]) as seen:
                 out = model.forward_rows(self.caches[role], feeds)
             by_layer = dict(zip(layers, seen, strict=True))
+            start = 0  # the feeds' tokens sit one after another in the packed step
             for f, logits in zip(group, out, strict=True):
                 f.logits = logits[None]
+                n = f.args[0].shape[-1]
                 if f.layers:  # its row's hidden states of the tokens it fed
-                    n = f.args[0].shape[-1]
-                    f.features = [by_layer[i][f.row : f.row + 1, :n] for i in f.layers]
+                    f.features = [by_layer[i][:, start : start + n] for i in f.layers]
+                start += n
         except BaseException as e:  # noqa: BLE001 - every generation of the step gets it
             for f in group:
                 f.error = e
         seconds = time.perf_counter() - t0
         self.stats["forwards"] += 1
         self.stats["rows"] += len(group)
+        chunks = sum(1 for f in group if f.parent is not None)
+        self.stats["prefill_shared"] += 0 < chunks < len(group)
         self.stats["seconds"] += seconds
         curve = self.curves.get(role)
-        if curve is not None:
-            ratio = seconds / max(curve(self.entries(role, rows, width)), 1e-9)
+        if curve is not None and not any(f.parent for f in group):  # (the curve is of decoding steps, not prompts)
+            ratio = seconds / max(curve(self.models[role].batch_entries(tokens)), 1e-9)
             self.scale[role] = 0.8 * self.scale[role] + 0.2 * min(4.0, max(0.25, ratio))
         self._last_end = time.perf_counter()
         for f in group:

@@ -23,7 +23,9 @@ def mean_logprob(target: LanguageModel, prompt_ids: list[int], output_ids: list[
     # asked for, and a model may have no position for it)
     tokens = torch.tensor([list(prompt_ids) + list(output_ids)[:-1]], dtype=torch.long)
     n = len(output_ids)
-    logits = target.forward(target.new_cache(), tokens, logits_to_keep=n)[0]
+    # a batch row's stand-in scores on its own row, emptied, so that the forward joins the batch as a prompt does
+    cache = target.score_cache() if hasattr(target, "score_cache") else target.new_cache()
+    logits = target.forward(cache, tokens, logits_to_keep=n)[0]
     logp = torch.log_softmax(logits.double(), dim=-1)
     picked = logp.gather(-1, torch.tensor(output_ids, device=logp.device)[:, None])
     return float(picked.mean())

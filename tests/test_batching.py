@@ -100,9 +100,17 @@ def test_a_random_stream_shared_by_the_rows_changes_their_tokens(pair, monkeypat
 
 
 def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, monkeypatch):
-    # known-wrong: each generation's cache is its neighbour's row
+    # known-wrong: a row's verdict (its cache cut back to the entries it accepted) committed to its neighbour's row
+    from multispec.batching import RowModel
+
     want = _alone(pair, "sd:gamma=3", 0.0)
-    monkeypatch.setattr(Batcher, "_row_cache", lambda self, role, row: static.RowKV(self.caches[role], row ^ 1))
+
+    def crop(self, cache, length):
+        views = getattr(self._batcher.caches.get(self._role), "views", {})
+        other = views.get(self._row ^ 1) if cache is self._row_cache else None
+        self._model.crop(cache if other is None else other, length)
+
+    monkeypatch.setattr(RowModel, "crop", crop)
     batcher = Batcher(*pair, rows=len(PROMPTS) + 1, capacity=256)
     try:
         got = _run(batcher, PROMPTS, "sd:gamma=3", 0.0)
@@ -122,6 +130,38 @@ def test_a_method_of_several_rows_runs_alone_between_batched_steps(pair):
         batcher.close()
 
 
+LONG = [[(5 * i + 7 * j) % 60 + 1 for j in range(n)] for i, n in enumerate((37, 3, 22, 9, 30))]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_long_prompts_are_fed_in_chunks_beside_the_decoding_rows(pair, monkeypatch, temperature):
+    # small chunks, so that every prompt but one takes several forwards, each shared with rows that decode; a
+    # row's tokens are those it gets in a batch of its own (fed in the same chunks), and greedy ones are `ar`'s
+    import multispec.batching as batching
+
+    monkeypatch.setattr(batching, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(batching, "PREFILL_TOKENS", 8)
+    method = "sd:gamma=3"
+    alone = Batcher(*pair, rows=1, capacity=256)
+    try:
+        want = [_run(alone, [p], method, temperature, seeds=[100 + i])[0] for i, p in enumerate(LONG)]
+    finally:
+        alone.close()
+    batcher = Batcher(*pair, rows=3, capacity=256)
+    try:
+        assert _run(batcher, LONG, method, temperature, stagger=0.05) == want
+        assert batcher.stats["stalls"] == 0  # no prompt ran alone
+        assert batcher.stats["prefill_chunks"] >= 2 * sum(-(-len(p) // 4) for p in LONG)  # both models' prompts
+        assert batcher.stats["prefill_shared"] > 0
+    finally:
+        batcher.close()
+    if temperature == 0.0:
+        target, draft = pair
+        assert want == [
+            generate(target, draft, p, "ar", max_new_tokens=12, temperature=0, score=False).token_ids for p in LONG
+        ]
+
+
 def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair):
     with pytest.raises(ValueError, match="rows must be an integer >= 1"):
         Batcher(*pair, rows=0)
@@ -138,14 +178,18 @@ def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair
         batcher.close()
 
 
-def _row_logits(model, prompts, rows_together: int):
+def _row_logits(model, prompts, rows_together: int, prompt_beside: bool = False):
     """Row 0's logits for a one-token step, after each prompt was fed into its own row, scored in one
-    batched forward with the first `rows_together` rows."""
-    cache = model.new_batch_cache(len(prompts), 256)
-    views = [static.RowKV(cache, r) for r in range(len(prompts))]
-    for view, prompt in zip(views, prompts, strict=True):
+    batched forward with the first `rows_together` rows (and, `prompt_beside`, a 20-token prompt fed into the
+    next row in the same forward)."""
+    cache = model.new_batch_cache(len(prompts) + 1, 256)
+    views = [static.RowKV(cache, r) for r in range(len(prompts) + 1)]
+    for view, prompt in zip(views, prompts, strict=False):
         model.forward(view, torch.tensor([prompt]))
     feeds = [(r, views[r], torch.tensor([9 + r]), None, None, 0) for r in range(rows_together)]
+    if prompt_beside:
+        row = len(prompts)
+        feeds.append((row, views[row], torch.arange(1, 21), None, None, 1, 19))
     return model.forward_rows(cache, feeds)[0]
 
 
@@ -156,7 +200,9 @@ def test_a_rows_logits_in_bfloat16_do_not_depend_on_the_other_rows(monkeypatch):
 
     model = _bf16_llama()
     prompts = [PROMPTS[3] * 3, PROMPTS[0], PROMPTS[1] * 2, PROMPTS[4]]
-    assert torch.equal(_row_logits(model, prompts, 1), _row_logits(model, prompts, 4))
+    alone = _row_logits(model, prompts, 1)
+    assert torch.equal(alone, _row_logits(model, prompts, 4))
+    assert torch.equal(alone, _row_logits(model, prompts, 2, prompt_beside=True))  # a prompt's chunk packed beside
     monkeypatch.setattr(type(model), "batch_rows", property(lambda self: 1))
     if torch.equal(_row_logits(model, prompts, 1), _row_logits(model, prompts, 4)):
         pytest.skip(

@@ -207,12 +207,17 @@ class Metrics:
         ).set_function(lambda: batcher.stats["rows"])
         Gauge(
             "multispec_batch_stall_seconds",
-            "Seconds the decoding rows waited for forwards run alone (prompts, several-row methods), in all",
+            "Seconds the decoding rows waited for forwards run alone (several-row methods, long requests), in all",
             registry=r,
         ).set_function(lambda: batcher.stats["stall_seconds"])
         Gauge("multispec_batch_stall_seconds_max", "The longest such wait", registry=r).set_function(
             lambda: batcher.stats["stall_max"]
         )
+        Gauge(
+            "multispec_batch_prefill_chunks",
+            "Prompts' chunks fed in batched forwards (beside the decoding rows)",
+            registry=r,
+        ).set_function(lambda: batcher.stats["prefill_chunks"])
 
     def count(self, spec: dict) -> None:
         self.drafts.inc(spec["num_drafts"])

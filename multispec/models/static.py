@@ -65,6 +65,13 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         keys_all = None
     layer = module.layer_idx
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    packed = kwargs.get("ms_packed")
+    if packed is not None and keys_all is not None:
+        sliding = attention_mask.shape[-1] == 2  # the layer's kind (`HFModel._packed_masks`)
+        out = attend_packed(
+            query, key, value, keys_all[layer], kwargs["ms_values"][layer], packed, sliding, float(scaling), softcap
+        )
+        return out, None
     if keys_all is not None:
         keys, values = keys_all[layer], kwargs["ms_values"][layer]
         slots = kwargs["ms_slots"]
@@ -130,6 +137,57 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     else:
         k, v, split = key.float(), with_ones(value), None
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0), split).transpose(1, 2), None
+
+
+def attend_packed(query, key, value, keys, values, packed, sliding: bool, scaling: float, softcap) -> torch.Tensor:
+    """Attention of a packed step (`hf.inputs.PackedStep`): query [1, Hq, T, d], key / value [1, Hkv, T, d] of
+    every row's new tokens in one sequence. Writes each token's entry into its row and slot of the batch buffers
+    keys / values [R, Hkv, C, ...], then attends group by group, each row over its own cache row, through
+    `attend` (so a row's output does not depend on the other rows, their number or widths). Returns
+    [1, T, Hq, dv]; the padding tokens' outputs are zeros."""
+    rows, slots = packed.token_rows, packed.token_slots
+    keys[rows, :, slots] = key[0].transpose(0, 1).to(keys.dtype)
+    values[rows, :, slots] = with_ones(value[0], values.dtype).transpose(0, 1)
+    hq, t, _ = query.shape[1:]
+    out = query.new_zeros(hq, t, value.shape[-1])
+    for group in packed.groups:
+        masks = group.masks
+        if isinstance(masks, dict):
+            masks = masks["sliding_attention" if sliding else "full_attention"]
+        g, w = group.index.shape
+        q = query[0][:, group.index].transpose(0, 1)  # [g, Hq, w, d]
+        width = masks.shape[-1]
+        split = splits(group.positions) if query.dtype in (torch.bfloat16, torch.float16) and q.is_cpu else None
+        span_keys, span_values = keys[group.rows, :, :width], values[group.rows, :, : whole_blocks(width)]
+        if group.fused and not softcap:
+            # a prompt's first tokens, nothing held: causally among themselves in torch's fused kernel, the rest
+            # as a step, as `HFModel.forward` attends a prompt fed alone (`fused_prefix`)
+            f = group.fused
+            head = torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, :f],
+                key[:, :, group.index[0, :f]],
+                value[:, :, group.index[0, :f]],
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=True,
+            )
+            if f < w:
+                rest = attend(
+                    q[:, :, f:],
+                    span_keys,
+                    span_values,
+                    masks[:, :, f:],
+                    scaling,
+                    0.0,
+                    None if split is None else split[:, f:],
+                )
+                head = torch.cat([head, rest], 2)
+            got = head
+        else:
+            got = attend(q, span_keys, span_values, masks, scaling, float(softcap or 0.0), split)
+        got = got.transpose(0, 1).reshape(hq, g * w, -1)  # [Hq, g * w, dv]
+        out.index_copy_(1, group.tokens, got.index_select(1, group.fill).to(out.dtype))
+    return out.transpose(0, 1)[None]
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:

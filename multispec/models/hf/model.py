@@ -18,8 +18,12 @@ from .background import AUTO
 from .compiled import CompiledSteps
 from .dynamic import DynamicSteps
 from .graphs import CapturedSteps
-from .inputs import StepInputs, row_inputs, step_inputs
+from .inputs import StepInputs, packed_inputs, step_inputs
 from .kernels import COMPILED_TOKENS, FAST, INVARIANT, INVARIANT_DPBF16, VARIANTS, invariant_rows
+
+# in a packed step over a batch, rows with at most this many new tokens attend in one padded group over the batch's
+# rows; a wider one (a prompt's chunk, a large tree) attends alone, so that the others are not padded to it
+NARROW_TOKENS = 8
 
 MAX_HEADS = 4  # cut output heads (`with_head_rows`) a model keeps
 
@@ -480,7 +484,7 @@ class HFModel(LanguageModel):
 
     @property
     def batch_rows(self) -> int:
-        """Rows (batch rows x new tokens) a step over a batch is padded to: `invariant_rows`, in every dtype, so
+        """Tokens (of all rows) a step over a batch is padded to: `invariant_rows`, in every dtype, so
         that a sequence's logits do not depend on which others were decoded with it. One exception, where single
         steps are not padded either (`min_rows` 1: float32): a step of one token of one row runs unpadded, as
         `generate` runs it, so that a lone request is not charged for the batch it is not in."""
@@ -489,26 +493,37 @@ class HFModel(LanguageModel):
                 self._batch_rows = invariant_rows(self.model)
         return self._batch_rows
 
-    def batch_width(self, rows: int, width: int) -> int:
-        """The entries per row a batched step over `rows` rows of at most `width` new entries each computes
-        (padded as `batch_rows` says)."""
-        if rows * width > 1 or self.min_rows > 1:
-            return max(width, -(-self.batch_rows // rows))
-        return width
+    def batch_entries(self, tokens: int) -> int:
+        """The tokens a batched step computes for `tokens` new ones in all (padded as `batch_rows` says)."""
+        if tokens > 1 or self.min_rows > 1:
+            return max(tokens, self.batch_rows)
+        return tokens
 
     @torch.inference_mode()
     def forward_rows(self, cache: static.StaticKV, feeds: list[tuple]) -> list[torch.Tensor]:
-        """One eager forward over the first rows of a batch cache (`new_batch_cache`), each row a sequence of its
-        own length. `feeds`: (row, a `static.RowKV` of that row, tokens [n], positions [n] or None, bool mask
-        [n, held + n] or None: causal, logits to keep or 0: all), at most one per row; rows up to the highest
-        fed that have no feed get padding only. Returns the kept logits [k, vocab] of each feed, in order, and
-        advances each row's held length by its n."""
-        rows = 1 + max(f[0] for f in feeds)
+        """One eager forward over rows of a batch cache (`new_batch_cache`), each row a sequence of its own length,
+        their new tokens packed into one sequence (`inputs.packed_inputs`): the linear maps compute the tokens fed
+        and no more (padded to `batch_rows` in all), and each row attends over its own cache row only.
+
+        Args:
+            cache: the batch cache.
+            feeds: at most one per row: (row, a `static.RowKV` of that row, tokens [n], positions [n] or None,
+                bool mask [n, held + n] or None: causal, logits to keep: k > 0 the last k, 0 all[, fused: a
+                prompt's first tokens, fed into an empty row, attended by torch's fused kernel as `forward`'s
+                `fused_prefix`]).
+
+        Returns:
+            The kept logits [k, vocab] of each feed, in order. Each row's held length advances by its n.
+        """
         if len({f[0] for f in feeds}) != len(feeds):
             raise ValueError("one feed per row in a step")
+        rows = 1 + max(f[0] for f in feeds)
         lengths = torch.zeros(rows, dtype=torch.long)
-        given = []
-        for row, kv, tokens, positions, mask, _ in feeds:
+        for row in range(rows):  # a row not fed keeps its held entries (those past them are free)
+            view = getattr(cache, "views", {}).get(row)
+            lengths[row] = view.length if view is not None else 0
+        given, kept = [], []
+        for row, kv, tokens, positions, mask, keep, *fused in feeds:
             tokens = tokens.reshape(-1).cpu()
             n = tokens.numel()
             if kv.length + n > kv.capacity:
@@ -517,39 +532,54 @@ class HFModel(LanguageModel):
                 )
             positions = torch.arange(kv.length, kv.length + n) if positions is None else positions.reshape(-1).cpu()
             lengths[row] = kv.length
-            given.append((row, tokens, positions, None if mask is None else mask.reshape(n, -1).cpu()))
-        fed = {f[0] for f in feeds}
-        for row in range(rows):  # a row not fed is padded past its held entries (those past them are free)
-            if row not in fed:
-                view = getattr(cache, "views", {}).get(row)
-                lengths[row] = view.length if view is not None else 0
-        width = self.batch_width(rows, max(t.numel() for _, t, _, _ in given))
-        if int(lengths.max()) + width > cache.capacity:
+            mask = None if mask is None else mask.reshape(n, -1).cpu()
+            given.append((row, kv.length, tokens, positions, mask, fused[0] if fused else 0))
+            kept.append(min(n, keep or n))
+        step = packed_inputs(
+            given,
+            lengths,
+            self.batch_entries(sum(len(g[2]) for g in given)),
+            NARROW_TOKENS,
+            cache.positions[:rows],
+            self.sliding_window,
+            self.mixed_layers,
+        )
+        if int(step.token_slots.max()) >= cache.capacity:
             raise ValueError(f"a sequence in this batch would hold more than {cache.capacity} entries")
-        inputs = row_inputs(rows, lengths, given, width, cache.positions[:rows], self.sliding_window, self.mixed_layers)
-        reduced = self.dtype in (torch.bfloat16, torch.float16)
-        split = static.splits(inputs.positions) if reduced and self.device.type == "cpu" else None
+        # the logits of the tokens kept only (a prompt's chunk keeps none, or its last), at least `batch_rows`
+        # of them: the output head is a linear map like the others
+        index = torch.cat(
+            [torch.arange(s + len(g[2]) - k, s + len(g[2])) for s, g, k in zip(step.starts, given, kept, strict=True)]
+        )
+        fewest = self.batch_entries(index.numel())
+        if index.numel() < fewest:
+            index = torch.cat([index, index[-1:].expand(fewest - index.numel())])
         with self._eager_kernels():
             logits = self.step(
-                inputs.ids,
-                inputs.positions,
-                inputs.masks,
-                inputs.slots,
+                step.ids,
+                step.positions,
+                self._packed_masks(),
+                step.token_slots,
                 [k[:rows] for k in cache.keys],
                 [v[:rows] for v in cache.values],
-                0,
-                0,
-                split,
-            )
-        out = []
-        for row, kv, tokens, _, _, keep in feeds:
-            n = tokens.numel()
-            kv.length += n
-            kept = logits[row, :n]
-            if keep:
-                kept = kept[-keep:]
-            out.append(kept[:, : self.vocab_size].float())
+                index.to(self.device),
+                packed=step,
+            )[0]
+        out, at = [], 0
+        for (_, kv, *_), (_, _, tokens, *_), k in zip(feeds, given, kept, strict=True):
+            kv.length += tokens.numel()
+            out.append(logits[at : at + k, : self.vocab_size].float())
+            at += k
         return out
+
+    def _packed_masks(self):
+        """What a packed step passes as its attention mask: a marker of each layer's kind only (the masks are
+        the groups', `static.attend_packed`), shaped [1, 1, 1, 1] for full attention and [1, 1, 1, 2] for a
+        sliding window."""
+        full, sliding = torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 2)
+        if not self.sliding_window:
+            return full
+        return {"full_attention": full, "sliding_attention": sliding} if self.mixed_layers else sliding
 
     def _prompt_then_steps(self, cache, tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant):
         """A first feed of a prompt (`fused_prefix` + 1 tokens) and tokens after it, on the batch-invariant
@@ -581,8 +611,23 @@ class HFModel(LanguageModel):
         )
         return torch.cat([head[:, head.shape[1] - before :], tail], 1)
 
-    def step(self, ids, positions, masks, slots, keys, values, logits_to_keep=0, fused=0, split=None, exact=False):
+    def step(
+        self,
+        ids,
+        positions,
+        masks,
+        slots,
+        keys,
+        values,
+        logits_to_keep=0,
+        fused=0,
+        split=None,
+        exact=False,
+        packed=None,
+    ):
         extra = {"ms_fused": fused} if fused else {}
+        if packed is not None:
+            extra["ms_packed"] = packed
         if split is not None:
             extra["ms_splits"] = split
         if exact:
