@@ -75,15 +75,21 @@ class _Feed:
 
 
 class RowLoad:
-    """A row's view of its batch for `gamma=auto` (`DraftLength.load`), so that the rows choose their drafts
-    together (`../shared/specs/batching.md` section 4, for a padded batch: every row is as wide as the widest,
-    so the choice is one draft length for all). It prices an iteration as the batch's: one target forward over
-    every active row `width` entries wide (padded to `batch_rows`) and draft forwards over every row, from the
-    models' measured cost curves T(k, c) at k = rows x width; and it adds the tokens the other rows are expected
-    to commit at that length, from the acceptance each published after its last verification (a row that has
-    not drafted counts one token). As rows join, a draft position must lift every row's tokens enough to pay
-    for a wider batch, so drafting shrinks, down to none. Everything it reads is past (other rows' records, the
-    count of rows), never this iteration's target, so each row's output law stays the target's."""
+    """A row's view of its batch for `gamma=auto` (`DraftLength.load`), so that the rows choose their drafts for
+    the batch (`../shared/specs/batching.md` section 4). A batched forward is packed (`HFModel.forward_rows`): a
+    row's draft positions add its own tokens to the target's forward, not a width to every row. So a row prices
+    each length as the batch's iteration, with the other rows as they last chose (`chose`):
+
+    - the target forward over the other rows' tokens plus this row's, from the batched step's measured curve;
+    - the draft forwards: one per position of the longest chain any row drafts (the target waits for it), so
+      positions up to the others' longest cost this row no draft time;
+    - the batch's expected committed tokens: the others' plus this row's own.
+
+    Each row so takes the length that maximises the batch's tokens per second given the others' choices, one
+    row at a time (coordinate ascent on the batch's goodput): rows that accept more draft more, and as rows join,
+    a draft position must pay for itself against a fuller forward, so drafting shrinks, down to none. Everything
+    it reads is past (the other rows' earlier choices and records, the count of rows), never this iteration's
+    target, so each row's output law stays the target's."""
 
     def __init__(self, batcher: Batcher, row: int):
         self._batcher, self._row = batcher, row
@@ -99,13 +105,20 @@ class RowLoad:
         row's drafting (its gap counts its own verification work once per forward)."""
         return len(self._batcher._active) <= 1
 
+    def _others(self) -> list[tuple[int, float, int]]:
+        """(tokens fed, expected tokens committed, draft positions) of every other active row's last choice; a
+        row that has not chosen (or does not choose: a fixed draft length) counts one token fed and committed."""
+        chosen = self._batcher._chosen
+        return [chosen.get(row, (1, 1.0, 0)) for row in list(self._batcher._active) if row != self._row]
+
     def target_curve(self, most: int) -> list[float]:
-        """[batch forward seconds with every row w entries wide, w = 0 .. most], from the batched step's own
-        curve (`Batcher.curve`), not one sequence's."""
+        """[seconds of the batch's target forward with this row w tokens wide, w = 0 .. most]: the other rows'
+        tokens packed beside this row's, from the batched step's own curve (`Batcher.curve`), not one sequence's."""
         batcher = self._batcher
-        rows, scale, gap = self.rows, batcher.scale["target"], batcher.gap
-        full = batcher.curve("target").curve(batcher.entries("target", rows, most))
-        return [0.0] + [scale * float(full[batcher.entries("target", rows, w)]) + gap for w in range(1, most + 1)]
+        others = sum(width for width, _, _ in self._others())
+        scale, gap, model = batcher.scale["target"], batcher.gap, batcher.models["target"]
+        full = batcher.curve("target").curve(model.batch_entries(others + most))
+        return [0.0] + [scale * float(full[model.batch_entries(others + w)]) + gap for w in range(1, most + 1)]
 
     def draft_step(self, width: int) -> float:
         """Seconds of one draft forward over every row, `width` entries wide."""
@@ -115,18 +128,18 @@ class RowLoad:
         entries = batcher.entries("draft", self.rows, width)
         return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
 
-    def others(self, most: int) -> list[float]:
-        """[the other active rows' expected committed tokens when each drafts g, g = 0 .. most]."""
-        total = np.zeros(most + 1)
-        for row in list(self._batcher._active):
-            if row != self._row:
-                expected = self._batcher._expected.get(row)
-                total += 1.0 if expected is None else expected[np.minimum(np.arange(most + 1), len(expected) - 1)]
-        return total.tolist()
+    def others_drafting(self) -> int:
+        """The longest chain another row drafts (its draft forwards run whatever this row chooses)."""
+        return max((drafts for _, _, drafts in self._others()), default=0)
 
-    def publish(self, rates: list[float]) -> None:
-        """This row's acceptance per draft position, for the other rows' choices."""
-        self._batcher._expected[self._row] = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(rates))))
+    def others(self, most: int) -> list[float]:
+        """[the other active rows' expected committed tokens, as they last chose], for g = 0 .. most."""
+        return [float(sum(tokens for _, tokens, _ in self._others()))] * (most + 1)
+
+    def chose(self, width: int, tokens: float, drafts: int) -> None:
+        """This row's choice for its next iteration (tokens it feeds the target, tokens it expects to commit,
+        draft positions), for the other rows' prices."""
+        self._batcher._chosen[self._row] = (width, tokens, drafts)
 
     def record(self, key: str, drafted: int, accepted: int) -> None:
         """One verification of a drafter option, into the batch's pooled record (`pooled`)."""
@@ -291,7 +304,7 @@ class Batcher:
             if self.batched
             else {}
         )
-        self._expected: dict[int, np.ndarray] = {}  # per row: expected tokens at draft length 0, 1, ... (`RowLoad`)
+        self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
         # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched
@@ -414,7 +427,7 @@ class Batcher:
     def _give_row(self, row: int) -> None:
         with self._lock:
             self._active.discard(row)
-            self._expected.pop(row, None)
+            self._chosen.pop(row, None)
             self._free.append(row)
             self._free.sort()
             for cache in self.caches.values():

@@ -213,74 +213,80 @@ def test_a_rows_logits_in_bfloat16_do_not_depend_on_the_other_rows(monkeypatch):
 # -- the batch's draft length (`RowLoad`) ----------------------------------------------------------------------
 
 
-def _batch_of(rows: int, rates: list[float]):
-    """A stand-in batch of `rows` active rows, each having published `rates`, priced by a compute-bound curve
-    (a batched step of n entries costs 0.1 + 0.01 n seconds; a draft step 0.01 + 0.002 n)."""
+def _batch_of(rows: int, chosen: tuple[int, float, int] = (1, 1.0, 0), draft_step: float = 0.002):
+    """A stand-in batch of `rows` active rows, the others having chosen `chosen` (tokens fed, expected tokens,
+    draft positions), priced by a compute-bound curve (a batched step of n tokens costs 0.1 + 0.01 n seconds; a
+    draft step over the rows 0.01 + `draft_step` n)."""
     from multispec.batching import RowLoad
     from multispec.models.cost import ForwardCost
 
     tokens = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     curves = {
         "target": ForwardCost((tuple(0.1 + 0.01 * n for n in tokens),), tokens=tokens),
-        "draft": ForwardCost((tuple(0.01 + 0.002 * n for n in tokens),), tokens=tokens),
+        "draft": ForwardCost((tuple(0.01 + draft_step * n for n in tokens),), tokens=tokens),
     }
+    model = SimpleNamespace(batch_entries=lambda n: n)  # no padding
     batch = SimpleNamespace(
         _active=set(range(rows)),
-        _expected={},
+        _chosen=dict.fromkeys(range(1, rows), chosen),
         _pooled={},
-        entries=lambda role, rows, width: rows * width,  # no padding
+        models={"target": model, "draft": model},
+        entries=lambda role, rows, width: rows * width,
         scale={"target": 1.0, "draft": 1.0},
         gap=0.0,
         curve=curves.__getitem__,
         caches={"target": None, "draft": None},  # both models decode in batched forwards
     )
-    loads = [RowLoad(batch, row) for row in range(rows)]
-    for load in loads:
-        load.publish(rates)
-    return loads[0]
+    return RowLoad(batch, 0)
 
 
-def test_drafting_shrinks_as_the_batch_fills_down_to_none():
+def _chosen_length(load, target=None, draft=None, decaying: bool = False) -> int:
+    """The draft length `gamma=auto` chooses for row 0 with a record of four of six drafts accepted each time
+    (`decaying`: 0 to 6 of them in turn, so the acceptance falls position by position)."""
     from multispec.drafting.base import Option
     from multispec.drafting.length import EXPLORE, DraftLength
     from multispec.models.cost import ForwardCost
 
-    def chosen(rows):
-        load = _batch_of(rows, [0.7] * 10)
-        c = DraftLength(ForwardCost((1.0,)), ForwardCost((1.0,)), max_gamma=6, load=load)
-        for _ in range(EXPLORE + 40):
-            c.observe("model", 6, 4)  # about 0.7 accepted per position, as the other rows published
-        return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
+    c = DraftLength(target or ForwardCost((1.0,)), draft or ForwardCost((1.0,)), max_gamma=6, load=load)
+    for i in range(EXPLORE + 42):
+        c.observe("model", 6, i % 7 if decaying else 4)
+    return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
 
-    lengths = [chosen(rows) for rows in (2, 4, 16, 64)]
+
+def test_drafting_shrinks_as_the_batch_fills_down_to_none():
+    lengths = [_chosen_length(_batch_of(rows)) for rows in (2, 4, 16, 64)]
     assert lengths[0] >= 3, lengths  # with one other row, a wide chain is nearly free
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
+
+
+def test_a_row_drafts_as_long_as_its_neighbours_at_no_draft_cost():
+    # the target waits for the longest chain any row drafts: positions up to the others' longest cost this row
+    # no draft forward, so with costly draft steps it drafts along with a neighbour that drafts five
+    costly = dict(draft_step=0.01)
+    apart = _chosen_length(_batch_of(2, (1, 1.0, 0), **costly), decaying=True)
+    beside = _chosen_length(_batch_of(2, (6, 3.0, 5), **costly), decaying=True)
+    assert beside > apart and beside >= 5, (apart, beside)
+    load = _batch_of(2)
+    _chosen_length(load)
+    assert load._batcher._chosen[0][2] == load._batcher._chosen[0][0] - 1 >= 3  # told to the batch
 
 
 def test_a_lone_row_prices_its_drafts_as_one_sequence():
     # alone in the batch, a row chooses what `generate` alone chooses (the single-sequence curves); with another
     # row, the batch's prices (here a large gap between forwards) apply
-    from multispec.drafting.base import Option
-    from multispec.drafting.length import EXPLORE, DraftLength
     from multispec.models.cost import ForwardCost
 
     tokens = (1, 2, 4, 8, 16)
     flat = [ForwardCost(((seconds,) * len(tokens),), tokens=tokens) for seconds in (1.0, 0.05)]
-
-    def chosen(load):
-        c = DraftLength(*flat, max_gamma=6, load=load)
-        for _ in range(EXPLORE + 40):
-            c.observe("model", 6, 4)
-        return c.plan([Option("model", 6, SimpleNamespace(committed=99), lambda g: None)], 100).length
-
-    alone, pair = _batch_of(1, [0.7] * 10), _batch_of(2, [0.7] * 10)
+    alone, pair = _batch_of(1), _batch_of(2)
     alone._batcher.gap = pair._batcher.gap = 0.5
-    assert chosen(alone) == chosen(None) >= 3
-    assert chosen(pair) < chosen(None)
+    assert _chosen_length(alone, target=flat[0], draft=flat[1]) == _chosen_length(None, target=flat[0], draft=flat[1])
+    assert _chosen_length(None, target=flat[0], draft=flat[1]) >= 3
+    assert _chosen_length(pair, target=flat[0], draft=flat[1]) < _chosen_length(None, target=flat[0], draft=flat[1])
 
 
 def test_a_joining_row_starts_from_the_batchs_pooled_record():
-    load = _batch_of(2, [0.5] * 10)
+    load = _batch_of(2)
     for _ in range(100):
         load.record("model", 3, 2)  # first two positions accepted, the third not
     tries, accepts = load.pooled(4)["model"]
@@ -293,12 +299,11 @@ def test_a_joining_row_starts_from_the_batchs_pooled_record():
 
 
 def test_the_batch_prices_what_the_other_rows_commit():
-    # the other rows' published acceptance is part of the choice: rows that accept nothing make a wider step a
-    # loss for the whole batch even where this row's own record would pay for it
-    load = _batch_of(8, [0.0] * 10)
-    assert load.others(3) == [7.0, 7.0, 7.0, 7.0]
-    good = _batch_of(8, [0.5] * 10)
-    assert good.others(2) == pytest.approx([7.0, 7 * 1.5, 7 * 1.75])
+    # the other rows' expected tokens are part of the choice: rows that commit many make this row's extra
+    # tokens a small share of the batch's, so a costlier forward pays less
+    assert _batch_of(8).others(3) == [7.0, 7.0, 7.0, 7.0]
+    assert _batch_of(8, (3, 2.5, 2)).others(2) == pytest.approx([17.5, 17.5, 17.5])
+    assert _chosen_length(_batch_of(4, (1, 1.0, 0))) >= _chosen_length(_batch_of(4, (2, 8.0, 1)))
 
 
 # -- the law of a batch's rows, on the exact test models ------------------------------------------------------

@@ -75,13 +75,16 @@ class DraftLength:
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
         load = None if self.load is None or self.load.alone else self.load  # a lone row prices as one sequence
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
+        drafting, waiting = 0, 0.0  # in a batch: the others' longest chain, and its draft forwards' seconds
         if load is None:
             target = self.target_cost.curve(target_pending + longest, tokens).tolist()
             others = [0.0] * (longest + 1)
-        else:  # the batch's forward with every row this wide, and what the other rows commit then
+        else:  # the batch's forward with this row this wide beside the others, and what the others commit
             target = load.target_curve(target_pending + longest)
             others = load.others(longest)
-        best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead)
+            drafting = load.others_drafting()
+            waiting = drafting * load.draft_step(1)
+        best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead + waiting)
         best_rate = (1.0 + others[0]) / best.seconds
         for option in options:
             a = self.rates(option.key)
@@ -97,13 +100,20 @@ class DraftLength:
                 survive *= a[g - 1]
                 expected += survive
                 seconds = target[target_pending + g] + self.overhead
-                if catch_up:
-                    seconds += first + (g - 1) * later
+                # the iteration's draft forwards: as many as the longest chain drafted, this row's or another's
+                seconds += first + (max(g, drafting) - 1) * later if catch_up else waiting
                 if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
-                    return Plan(option, 1, expected, seconds)
+                    return self._chose(Plan(option, 1, expected, seconds), target_pending)
                 if (expected + others[g]) / seconds > best_rate:
                     best, best_rate = Plan(option, g, expected, seconds), (expected + others[g]) / seconds
-        return best
+        return self._chose(best, target_pending)
+
+    def _chose(self, plan: Plan, target_pending: int) -> Plan:
+        """`plan`, told to the batch (`load.chose`) for the other rows' prices."""
+        if self.load is not None:
+            drafts = plan.length if plan.option is not None and plan.option.runner is not None else 0
+            self.load.chose(target_pending + plan.length, plan.tokens, drafts)
+        return plan
 
     def observe(self, key: str, drafted: int, accepted: int) -> None:
         tries = self.tries.setdefault(key, [0.0] * self.max_gamma)
@@ -113,7 +123,6 @@ class DraftLength:
         for i in range(accepted):
             accepts[i] += 1
         if self.load is not None:
-            self.load.publish(self.rates(key))
             self.load.record(key, drafted, accepted)
 
 

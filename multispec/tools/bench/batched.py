@@ -138,6 +138,7 @@ def _decode(spec: MethodSpec, target, draft, ids, rows, max_new_tokens, sampling
         temperature=sampling.temperature,
         top_k=sampling.top_k,
         top_p=sampling.top_p,
+        score=False,  # (as the bench's single-sequence runs: no scoring forward timed)
         **spec.params,
     )
     return sum(len(r.token_ids) for r in results), sum(r.stats["target_calls"] for r in results)
