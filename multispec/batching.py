@@ -72,6 +72,9 @@ class _Feed:
     parts: list = field(default_factory=list)
     parent: _Feed | None = None
     kept: int = 0
+    # the seconds of the forwards it ran in, and its share of them (by tokens fed): a row's time split in a batch
+    ran: float = 0.0
+    shared: float = 0.0
 
 
 class RowLoad:
@@ -169,6 +172,8 @@ class RowModel(LanguageModel):
     def __init__(self, batcher: Batcher, role: str, model, row: int):
         self._batcher, self._role, self._model, self._row = batcher, role, model, row
         self._row_cache: RowKV | None = None
+        # seconds of this row's forward calls, of the forwards they ran in, and its share of those (by tokens)
+        self.called = self.ran = self.shared = 0.0
         self._capture: tuple[tuple[int, ...], list] | None = None  # `hidden_features`: the layers, where to put them
         if role == "target" and batcher.batched:
             self.batch_load = RowLoad(batcher, row)
@@ -206,7 +211,13 @@ class RowModel(LanguageModel):
         args = (tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant)
         capture = self._capture
         feed = _Feed(self._role, row, cache, args, model=self._model, layers=capture[0] if capture else None)
-        logits = self._batcher._submit(feed)
+        start = time.perf_counter()
+        try:
+            logits = self._batcher._submit(feed)
+        finally:
+            self.called += time.perf_counter() - start
+            self.ran += feed.ran
+            self.shared += feed.shared
         if capture is not None:
             capture[1].extend(feed.features)
         return logits
@@ -304,6 +315,9 @@ class Batcher:
             if self.batched
             else {}
         )
+        for model in given.values():  # measured once per machine (about a second): not in the first request's time
+            if _batchable(model):
+                _ = model.batch_rows
         self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
@@ -359,6 +373,12 @@ class Batcher:
         finally:
             self._give_row(row)
         result.stats["queue_seconds"] = waited  # waiting for a row (`multispec serve`'s queue time)
+        models = [m for m in (target, draft) if m is not None]
+        # the row's time split in the batch: its share (by tokens fed) of the forwards it ran in, per model, and
+        # the time its forward calls waited for the others' work (gathering a batch, prompts' chunks, runs alone)
+        result.stats["batch_target_share_seconds"] = target.shared
+        result.stats["batch_draft_share_seconds"] = draft.shared if draft is not None else 0.0
+        result.stats["batch_waiting_seconds"] = max(0.0, sum(m.called - m.ran for m in models))
         return result
 
     def alone(self, work: Callable[[], Any]):
@@ -606,6 +626,7 @@ class Batcher:
             self.stats["whole" if feed.role == "alone" else "single"] += 1
         except BaseException as e:  # noqa: BLE001 - the generation that asked gets it
             feed.error = e
+        feed.ran = feed.shared = time.perf_counter() - start
         if len(self._active) > 1 and feed.role != "draft":  # the other rows waited for it (not for a head's step)
             seconds = time.perf_counter() - start
             self.stats["stalls"] += 1
@@ -657,6 +678,11 @@ class Batcher:
             for f in group:
                 f.error = e
         seconds = time.perf_counter() - t0
+        for f in group:
+            f.ran, f.shared = seconds, seconds * f.args[0].shape[-1] / tokens
+            if f.parent is not None:  # a prompt's chunk: the prompt's generation waits for every chunk
+                f.parent.ran += f.ran
+                f.parent.shared += f.shared
         self.stats["forwards"] += 1
         self.stats["rows"] += len(group)
         chunks = sum(1 for f in group if f.parent is not None)

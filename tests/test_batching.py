@@ -347,6 +347,10 @@ def test_generate_batch_gives_each_prompt_the_output_generate_gives_it(pair):
         for i, p in enumerate(PROMPTS)
     ]
     assert [r.token_ids for r in got] == want
+    for r in got:  # each row's time split: its share of the forwards it ran in, within its forward calls' time
+        assert 0 < r.stats["batch_target_share_seconds"] <= r.stats["target_seconds"] + 1e-6
+        assert 0 < r.stats["batch_draft_share_seconds"] <= r.stats["draft_seconds"] + 1e-6
+        assert r.stats["batch_waiting_seconds"] >= 0
     greedy = generate_batch(*pair, PROMPTS, "sd:gamma=auto,drafter=hybrid", max_new_tokens=8, temperature=0)
     assert [r.token_ids for r in greedy] == [
         generate(*pair, p, "ar", max_new_tokens=8, temperature=0, score=False).token_ids for p in PROMPTS

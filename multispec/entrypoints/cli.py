@@ -336,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "--batch-rows",
+        "--max-batch",
+        dest="batch_rows",
         type=int,
         default=8,
         help="requests decoded together, one cache row each (continuous batching; 1: one request at a time)",

@@ -145,7 +145,8 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
     keys / values [R, Hkv, C, ...], then attends group by group, each row over its own cache row, through
     `attend` (so a row's output does not depend on the other rows, their number or widths). Returns
     [1, T, Hq, dv]; the padding tokens' outputs are zeros."""
-    rows, slots = packed.token_rows, packed.token_slots
+    device = keys.device  # (a model spread over devices: each layer's buffers are on its own)
+    rows, slots = packed.token_rows.to(device), packed.token_slots.to(device)
     keys[rows, :, slots] = key[0].transpose(0, 1).to(keys.dtype)
     values[rows, :, slots] = with_ones(value[0], values.dtype).transpose(0, 1)
     hq, t, _ = query.shape[1:]
@@ -154,10 +155,13 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
         masks = group.masks
         if isinstance(masks, dict):
             masks = masks["sliding_attention" if sliding else "full_attention"]
-        g, w = group.index.shape
-        q = query[0][:, group.index].transpose(0, 1)  # [g, Hq, w, d]
+        masks, index = masks.to(device), group.index.to(device)
+        g, w = index.shape
+        q = query[0][:, index].transpose(0, 1)  # [g, Hq, w, d]
         width = masks.shape[-1]
-        split = splits(group.positions) if query.dtype in (torch.bfloat16, torch.float16) and q.is_cpu else None
+        split = None
+        if query.dtype in (torch.bfloat16, torch.float16) and q.is_cpu:
+            split = splits(group.positions.to(device))
         span_keys, span_values = keys[group.rows, :, :width], values[group.rows, :, : whole_blocks(width)]
         if group.fused and not softcap:
             # a prompt's first tokens, nothing held: causally among themselves in torch's fused kernel, the rest
@@ -165,8 +169,8 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
             f = group.fused
             head = torch.nn.functional.scaled_dot_product_attention(
                 q[:, :, :f],
-                key[:, :, group.index[0, :f]],
-                value[:, :, group.index[0, :f]],
+                key[:, :, index[0, :f]],
+                value[:, :, index[0, :f]],
                 is_causal=True,
                 scale=scaling,
                 enable_gqa=True,
@@ -186,7 +190,7 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
         else:
             got = attend(q, span_keys, span_values, masks, scaling, float(softcap or 0.0), split)
         got = got.transpose(0, 1).reshape(hq, g * w, -1)  # [Hq, g * w, dv]
-        out.index_copy_(1, group.tokens, got.index_select(1, group.fill).to(out.dtype))
+        out.index_copy_(1, group.tokens.to(device), got.index_select(1, group.fill.to(device)).to(out.dtype))
     return out.transpose(0, 1)[None]
 
 
