@@ -92,14 +92,13 @@ def row_inputs(
     positions_held: torch.Tensor,
     sliding_window: int | None,
     mixed_layers: bool,
-    write: bool = True,
 ) -> StepInputs:
     """The inputs of one step over cache rows 0 .. `rows` - 1 of a batch, each row a sequence of its own
     `lengths` [rows] entries: `feeds` (row, tokens [n], positions [n], bool mask [n, length + n] or None:
     causal) give a row its new tokens; every row's are padded to `width`, and a row without a feed gets padding
     only. Each row writes at its own slots (length .. length + width: past its held entries), and sees its own
-    entries only. Writes the positions into `positions_held` [rows, capacity] (the batch cache's), unless not
-    `write` (a packed step writes its own: `packed_inputs`)."""
+    entries only. Reads the keys' positions (sliding windows) from `positions_held` [rows, capacity], which the caller
+    has written (`packed_inputs`)."""
     device = positions_held.device
     counts = torch.zeros(rows, dtype=torch.long)
     ids = torch.zeros(rows, width, dtype=torch.long)
@@ -123,8 +122,6 @@ def row_inputs(
         allowed[row, :n, : int(lengths[row]) + n] = mask
     slots = (lengths[:, None] + torch.arange(width)[None, :]).to(device)
     ids, pos, allowed = ids.to(device), pos.to(device), allowed.to(device)
-    if write:
-        positions_held.scatter_(1, slots, pos)
     minimum = torch.finfo(torch.float32).min
     full = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, minimum)[:, None]
     masks = full
@@ -163,11 +160,6 @@ class PackedStep:
     token_slots: torch.Tensor  # [T] ... and the slot (padding tokens: free slots after the last row's new ones)
     groups: list[AttendGroup]
     starts: list[int]  # per feed: its first token in the packed step
-    sliding_window: int | None = None
-
-    @property
-    def width(self) -> int:
-        return self.ids.shape[1]
 
 
 def packed_inputs(
@@ -209,9 +201,7 @@ def packed_inputs(
     if together:
         width = max(counts[i] for i in together)
         given = [(feeds[i][0], feeds[i][2].reshape(-1), feeds[i][3].reshape(-1), feeds[i][4]) for i in together]
-        block = row_inputs(
-            rows, lengths, given, width, positions_held[:rows], sliding_window, mixed_layers, write=False
-        )
+        block = row_inputs(rows, lengths, given, width, positions_held[:rows], sliding_window, mixed_layers)
         index = torch.zeros(rows, width, dtype=torch.long)
         fill, tokens = [], []
         for i in together:
@@ -241,7 +231,6 @@ def packed_inputs(
             positions_held[row : row + 1],
             sliding_window,
             mixed_layers,
-            write=False,
         )
         span = torch.arange(starts[i], starts[i] + n)
         groups.append(
@@ -262,5 +251,4 @@ def packed_inputs(
         token_slots.to(device),
         groups,
         starts,
-        sliding_window,
     )
