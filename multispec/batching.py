@@ -131,6 +131,18 @@ class RowLoad:
         entries = batcher.entries("draft", self.rows, width)
         return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
 
+    def draft_curve(self, most: int) -> list[float]:
+        """[seconds of one draft forward over every row with this row w entries wide and the others one each,
+        w = 0 .. most]: a level of this row's tree (`AutoTree`) in the packed draft step."""
+        batcher, others = self._batcher, self.rows - 1
+        if "draft" not in batcher.caches:  # a draft whose rows run one after another (a feature-level head)
+            single = batcher.single_cost("draft")
+            return [0.0] + [others * single(1) + single(w) + batcher.gap for w in range(1, most + 1)]
+        model = batcher.models["draft"]
+        full = batcher.curve("draft").curve(model.batch_entries(others + most))
+        scale = batcher.scale["draft"]
+        return [0.0] + [scale * float(full[model.batch_entries(others + w)]) + batcher.gap for w in range(1, most + 1)]
+
     def others_drafting(self) -> int:
         """The longest chain another row drafts (its draft forwards run whatever this row chooses)."""
         return max((drafts for _, _, drafts in self._others()), default=0)

@@ -341,6 +341,8 @@ def fastest_tree(
     chain_overhead: tuple[float, float] | None = None,
     switch: float = 0.0,
     margin: float = 0.0,
+    others_tokens: float = 0.0,
+    others_drafting: int = 0,
 ) -> TreeChoice:
     """Among the optimal trees of every size and depth limit (and no tree), the most tokens per second.
     Each kind of iteration is priced as it runs: a tree by `target_cost` and `draft_cost`, with per-iteration
@@ -350,14 +352,23 @@ def fastest_tree(
     (default `overhead`). `switch`: seconds per token that drafting pays on top, none (a one-time cost, such as
     a draft that must first read the tokens it has not seen, spread over the tokens left). `margin`: drafting is
     chosen only where it is that fraction faster than a plain step (prices measured from a few runs err by a
-    few per cent, and a drafting iteration priced barely faster may well be slower)."""
+    few per cent, and a drafting iteration priced barely faster may well be slower).
+    In a batch (`multispec.batching.RowLoad`) the costs are the batch's forwards and the rate is the batch's:
+    `others_tokens`, what the other rows are expected to commit in the same iteration, is added to every choice's
+    tokens, and `others_drafting`, the longest chain another row drafts, is a number of one-token draft forwards
+    the iteration runs whatever this row chooses (a shallower tree waits for the rest)."""
     chain_cost = chain_cost or target_cost
     chain_draft_cost = chain_draft_cost or draft_cost
     plain_overhead = overhead if plain_overhead is None else plain_overhead
     chain_overhead = (overhead, per_node) if chain_overhead is None else tuple(chain_overhead)
-    plain = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead, ())
+    # the other rows' draft forwards: one-token steps of the draft, which this row's own levels replace
+    drafter_cost = chain_draft_cost or draft_cost
+    one_level = drafter_cost(1, context) if others_drafting and drafter_cost is not None else 0.0
+    waiting = others_drafting * one_level
+    plain = TreeChoice(0, 0, 1.0, (plain_cost or chain_cost)(pending, context) + plain_overhead + waiting, ())
     # the best drafting choice so far: at first a placeholder as fast as a plain step with its margin
-    best = TreeChoice(0, 0, 1.0 + margin, plain.seconds, ())
+    best = TreeChoice(0, 0, 1.0, plain.seconds, ())
+    best_rate = (others_tokens + 1.0) * (1.0 + margin) / plain.seconds
     top = table.max_depth if max_depth is None else min(max_depth, table.max_depth)
     # the curves read once per size (this search runs during decoding)
     sizes = np.arange(table.max_nodes + 1)
@@ -382,10 +393,10 @@ def fastest_tree(
     # two forwards): visit trees from the highest bound down and stop below the best found (depth limits,
     # then sizes, in order among equal bounds)
     with np.errstate(invalid="ignore", divide="ignore"):
-        bound = table.values[1 : top + 1, 1:] / np.minimum(forward, chained)[None, 1:]  # [depth - 1, n - 1]
-    bound = np.where(np.isfinite(bound), bound, -np.inf).ravel()
+        bound = (others_tokens + table.values[1 : top + 1, 1:]) / np.minimum(forward, chained)[None, 1:]
+    bound = np.where(np.isfinite(bound), bound, -np.inf).ravel()  # [depth - 1, n - 1], flattened
     for flat in np.argsort(-bound, kind="stable"):
-        if bound[flat] < best.tokens_per_second:
+        if bound[flat] < best_rate:
             break
         depth, n = divmod(int(flat), table.max_nodes)
         depth, n = depth + 1, n + 1
@@ -397,14 +408,13 @@ def fastest_tree(
         levels = chain_drafting if chain else drafting
         if levels is not None:  # as `iteration_seconds`: the catch-up token, then every level but the last
             seconds += levels[1] + sum(levels[w] for w in widths[:-1])
+        seconds += max(0, others_drafting - len(widths)) * one_level
         tokens = table.value(n, depth)
         seconds += switch * tokens
-        speed = tokens / seconds
+        speed = (others_tokens + tokens) / seconds
         # among equal speeds: no tree, then the smallest depth limit and size
-        if speed > best.tokens_per_second or (
-            speed == best.tokens_per_second and best.nodes and (depth, n) < (best.depth, best.nodes)
-        ):
-            best = TreeChoice(n, depth, tokens, seconds, widths)
+        if speed > best_rate or (speed == best_rate and best.nodes and (depth, n) < (best.depth, best.nodes)):
+            best, best_rate = TreeChoice(n, depth, tokens, seconds, widths), speed
     return best if best.nodes else plain
 
 
@@ -462,8 +472,9 @@ def search_tree(
         + chain_work[0]
         + chain_work[1] * sizes
     )
-    bound = value_bound(reach_of(rates), max_nodes, max_depth)[sizes] / np.minimum(forward, chained)
-    if bound.max() < choice.tokens_per_second:  # no larger tree can be as fast
+    others = prices.get("others_tokens", 0.0)
+    bound = (others + value_bound(reach_of(rates), max_nodes, max_depth)[sizes]) / np.minimum(forward, chained)
+    if bound.max() < (others + choice.tokens) / choice.seconds:  # no larger tree can be as fast
         return choice, table
     table = table_for(rates, max_nodes, max_depth)
     return fastest_tree(

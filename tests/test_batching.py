@@ -77,7 +77,9 @@ def test_greedy_tokens_in_a_batch_are_plain_generates(pair):
     want = [generate(target, draft, p, "ar", max_new_tokens=12, temperature=0, score=False).token_ids for p in PROMPTS]
     batcher = Batcher(target, draft, rows=4, capacity=256)
     try:
-        assert _run(batcher, PROMPTS, "sd:gamma=3", 0.0) == want
+        # fixed chains, and the draft lengths and trees that each row prices against the batch
+        for method in ("sd:gamma=3", "sd:gamma=auto", "mcsd:tree=auto"):
+            assert _run(batcher, PROMPTS, method, 0.0) == want, method
     finally:
         batcher.close()
 
@@ -304,6 +306,65 @@ def test_the_batch_prices_what_the_other_rows_commit():
     assert _batch_of(8).others(3) == [7.0, 7.0, 7.0, 7.0]
     assert _batch_of(8, (3, 2.5, 2)).others(2) == pytest.approx([17.5, 17.5, 17.5])
     assert _chosen_length(_batch_of(4, (1, 1.0, 0))) >= _chosen_length(_batch_of(4, (2, 8.0, 1)))
+
+
+def _chosen_tree(load, target=None, draft=None):
+    """The tree `tree=auto` chooses for row 0 (nodes, levels) with a record of a draft accepted 70 % of the time at
+    rank 0 and 20 % at rank 1, at every depth."""
+    from multispec.drafting.shape import AutoTree
+    from multispec.models.cost import ForwardCost
+    from multispec.tree_search import RankAcceptance
+
+    ranks = RankAcceptance()
+    for i in range(200):
+        for depth in range(1, 7):
+            ranks.record(depth, 0, i % 10 < 7)
+            ranks.record(depth, 1, i % 10 < 2)
+    auto = AutoTree(
+        None,
+        lambda: ranks,
+        target or ForwardCost((1.0,)),
+        draft or ForwardCost((1.0,)),
+        lambda: (0.0, 0.0),
+        lambda context: 1,
+        max_nodes=16,
+        max_depth=6,
+        overhead=(0.0, 0.0, 0.0),
+        load=load,
+    )
+    auto.search(100, 1, 6)
+    return auto.choice.nodes, len(auto.choice.widths)
+
+
+def test_automatic_trees_shrink_as_the_batch_fills_down_to_none():
+    # tree=auto in a batch prices a tree as the batch's packed forward with the other rows' tokens, for the
+    # tokens the whole batch commits: more rows, smaller trees, then none
+    nodes = [_chosen_tree(_batch_of(rows))[0] for rows in (2, 4, 16, 64)]
+    assert nodes == sorted(nodes, reverse=True) and nodes[0] >= 2 and nodes[-1] == 0, nodes
+    # the batch's choice is told to the others' prices: the tokens fed, the tokens expected, the draft levels
+    load = _batch_of(2)
+    fed, levels = _chosen_tree(load)
+    assert load._batcher._chosen[0][0] == 1 + fed and load._batcher._chosen[0][2] == levels
+
+
+def test_a_lone_row_searches_its_tree_as_one_sequence():
+    # the only row of a batch prices as `generate` does (its own curves), not from the batched step's
+    from multispec.models.cost import ForwardCost
+
+    tokens = tuple(range(1, 65))
+    flat = ForwardCost((tuple(1.0 + 0.001 * n for n in tokens),), tokens=tokens), ForwardCost((0.05,))
+    alone = _chosen_tree(_batch_of(1), *flat)
+    assert alone == _chosen_tree(None, *flat) and alone[0] >= 4
+    assert _chosen_tree(_batch_of(8), *flat)[0] < alone[0]
+
+
+def test_a_shallow_tree_waits_for_the_other_rows_drafts():
+    # another row drafting six levels runs six draft forwards whatever this row proposes: with costly draft
+    # steps, this row drafts deeper beside it than beside rows that do not draft
+    costly = {"draft_step": 0.01}
+    apart = _chosen_tree(_batch_of(2, (1, 1.0, 0), **costly))
+    beside = _chosen_tree(_batch_of(2, (7, 3.0, 6), **costly))
+    assert beside[1] > apart[1], (apart, beside)
 
 
 # -- the law of a batch's rows, on the exact test models ------------------------------------------------------

@@ -257,6 +257,7 @@ def _decode_tree(
         chain=make_drafter("model", s, tree=False),
         draft_behind=lambda context: len(context) - (s.draft.committed if s.draft is not None else 0),
         budget=s.budget,
+        load=getattr(s.target_model, "batch_load", None),
     )
     speculate_tree(s, auto, (1,) * auto.max_depth, rule, rank_key=key)
     s.info.update(auto.report(len(s.tokens)))

@@ -3,6 +3,11 @@ the acceptance by sibling rank measured so far in the call (`multispec.tree_sear
 costs and the work besides forwards, each priced by the kind of iteration it would be: a plain target step, a
 chain (which the engine scores causally) or a tree (through an explicit mask, which has its own curve).
 
+In a batch (`multispec.batching`), a row prices every choice as the batch's iteration (`RowLoad`, as
+`gamma=auto` does): one packed forward over the other rows' tokens and its own, the draft's forwards over every
+row, and the tokens the whole batch commits, so that as rows join a tree must pay for itself against a fuller
+forward, and trees shrink, down to none.
+
 The choice depends only on past verdicts, never on this iteration's, so the method's law is unchanged. Its
 inputs are the seed's verdicts and the curves cached per machine, so the same seed gives the same tokens;
 with `adapt` it also follows this call's measured times, which no seed fixes.
@@ -13,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..models.cost import ForwardCost
 from ..tree_search import RankAcceptance, TreeChoice, iteration_seconds, search_tree
@@ -96,6 +102,7 @@ class AutoTree(Drafter):
         chain: Drafter | None = None,
         draft_behind: Callable[[list[int]], int] | None = None,
         budget: Callable[[], int] | None = None,
+        load: Any = None,
     ):
         self.drafter, self.ranks, self.pending = drafter, ranks, pending
         # the chains it picks go through a chain proposer where given (on the same draft runner): the same
@@ -104,6 +111,8 @@ class AutoTree(Drafter):
         # how many tokens the draft has not read, and how many the call may still commit: a draft far behind (after
         # the prompt, or plain steps) first reads them all, once, which the tokens left share
         self.draft_behind, self.budget = draft_behind, budget
+        # a sequence decoded in a batch (`multispec.batching.RowLoad`): searched on the batch's prices (module note)
+        self.load = load
         self._proposer: Drafter = drafter
         self.one_time = one_time  # one-time seconds so far (compiles mid-call are not decoding)
         self.target_cost, self.draft_cost, self.forward_seconds = target_cost, draft_cost, forward_seconds
@@ -124,7 +133,8 @@ class AutoTree(Drafter):
         # at the last proposal: (clock, target seconds, draft seconds, predicted target, predicted draft, kind)
         self._last: tuple[float, float, float, float, float, str] | None = None
         self._start: tuple[float, int, float] | None = None  # (time, tokens, one-time seconds) at the second call
-        self._searched: tuple[float, int] | None = None  # (tries recorded, context length) at the last search
+        # (tries recorded, context length, rows in the batch) at the last search
+        self._searched: tuple[float, int, int] | None = None
         self.searches = 0
         self.probes = 0
         self._probed = False  # the last call proposed a probe: search on its verdict
@@ -134,11 +144,20 @@ class AutoTree(Drafter):
         """Find the fastest tree of depth at most `room` (the tokens left bound it); the draft is `behind` tokens
         behind the context."""
         counts = self.ranks()
-        self._searched = (float(counts.tries.sum()), context)
+        self._searched = (float(counts.tries.sum()), context, self._rows())
         self.searches += 1
         depth = max(1, min(self.max_depth, room))
         rates = counts.rates(depth, self.prior, weight=PRIOR_WEIGHT if self.prior else None)
         tree_cost, draft_cost, chain_cost, chain_draft = self._priced("tree") + self._priced("chain")
+        plain_cost, batch = self.target_cost.scaled(self.factors["plain"][0]), {}
+        load = None if self.load is None or self.load.alone else self.load  # a lone row prices as one sequence
+        if load is not None:
+            # one packed forward whatever the kind (a tree's mask is per row there), and one draft forward over
+            # every row per level: the batch's curves, with what the other rows feed, draft and commit
+            target = load.target_curve(pending + self.max_nodes)
+            tree_cost = chain_cost = plain_cost = ForwardCost(tuple(target[1:]))
+            draft_cost = chain_draft = ForwardCost(tuple(load.draft_curve(self.max_nodes)[1:]))
+            batch = {"others_tokens": load.others(0)[0], "others_drafting": load.others_drafting()}
         left = self.budget() if self.budget is not None else 0
         # the catch-up token is in every drafting iteration's price; the rest of a long catch-up is paid once
         switch = (
@@ -156,13 +175,14 @@ class AutoTree(Drafter):
             self.overhead,
             pending=pending,
             per_node=self.per_node,
-            plain_cost=self.target_cost.scaled(self.factors["plain"][0]),
+            plain_cost=plain_cost,
             chain_cost=chain_cost,
             chain_draft_cost=chain_draft,
             plain_overhead=self.plain_overhead,
             chain_overhead=(self.chain_overhead, self.chain_per_node),
             switch=switch,
             margin=DRAFT_MARGIN,
+            **batch,
         )
         # a prior (from tune) stands for the tries; without one a few one-node tries come first
         if self.choice.nodes == 0 and self.prior is None and (counts.tries[0, 0] if counts.tries.size else 0) < EXPLORE:
@@ -171,6 +191,12 @@ class AutoTree(Drafter):
             )
             self.choice = TreeChoice(1, 1, table.value(1, 1), seconds, (1,))
         self._use(table.tree(self.choice.nodes, self.choice.depth))
+        if self.load is not None:  # told to the batch, for the other rows' prices
+            self.load.chose(pending + self.choice.nodes, self.choice.tokens, len(self.choice.widths))
+
+    def _rows(self) -> int:
+        """The rows decoding in this row's batch (1 outside a batch): a change is news for the search."""
+        return self.load.rows if self.load is not None else 1
 
     def _use(self, tree: TokenTree) -> None:
         """Propose `tree` from now on; what each proposal reads of it is read here, once per search."""
@@ -189,8 +215,10 @@ class AutoTree(Drafter):
         CONTEXT_GROWTH, or (with `adapt`) this call's measured times, which move every iteration."""
         if self.adapt or self._searched is None:
             return True
-        tries, searched_at = self._searched
-        return float(self.ranks().tries.sum()) != tries or context >= CONTEXT_GROWTH * searched_at
+        tries, searched_at, rows = self._searched
+        return (
+            float(self.ranks().tries.sum()) != tries or context >= CONTEXT_GROWTH * searched_at or rows != self._rows()
+        )
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self.calls += 1
@@ -221,7 +249,12 @@ class AutoTree(Drafter):
         pending = min(self.pending(context), 1)
         searched = 0.0
         room = shape_depth(shape)
-        if (replans(self.calls) and self._news(len(context))) or self._probed or self.tree.max_depth > room:
+        if (
+            (replans(self.calls) and self._news(len(context)))
+            or self._probed
+            or self.tree.max_depth > room
+            or (self._searched is not None and self._searched[2] != self._rows())  # rows joined or left the batch
+        ):
             self.search(len(context), pending, room, self.draft_behind(context) if self.draft_behind is not None else 1)
             searched = time.perf_counter() - now
             self.search_seconds += searched
