@@ -215,10 +215,8 @@ class AutoTree(Drafter):
         CONTEXT_GROWTH, or (with `adapt`) this call's measured times, which move every iteration."""
         if self.adapt or self._searched is None:
             return True
-        tries, searched_at, rows = self._searched
-        return (
-            float(self.ranks().tries.sum()) != tries or context >= CONTEXT_GROWTH * searched_at or rows != self._rows()
-        )
+        tries, searched_at, _ = self._searched  # a change of rows is news whatever the schedule (`propose`)
+        return float(self.ranks().tries.sum()) != tries or context >= CONTEXT_GROWTH * searched_at
 
     def propose(self, context: list[int], shape: Shape) -> Proposal:
         self.calls += 1
