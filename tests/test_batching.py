@@ -378,7 +378,7 @@ def test_a_shallow_tree_waits_for_the_other_rows_drafts():
 def test_rows_of_a_batch_follow_the_target_law(method, params):
     from multispec.tools.check import check_method
 
-    report = check_method(method, runs=3000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, **params)
+    report = check_method(method, runs=2000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, **params)
     assert report.passed, report.pairs
 
 
@@ -395,7 +395,7 @@ def test_rows_sharing_one_random_stream_fail_the_law(monkeypatch):
         return original(self, prompt, method, **kwargs)
 
     monkeypatch.setattr(Batcher, "generate", shared)
-    report = check_method("sd", runs=3000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2)
+    report = check_method("sd", runs=2000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2)
     assert not report.passed, report.pairs
 
 

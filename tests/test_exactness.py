@@ -6,7 +6,7 @@ import torch
 from multispec.tools.check import check_method
 from tests.wrong_rules import no_residual_verify
 
-RUNS = 6000
+RUNS = 3000
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ RUNS = 6000
 def test_exact_methods_pass(method, params, sampling):
     report = check_method(method, runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
     assert report.passed, report.pairs
-    assert all(p.tv < 0.06 for p in report.pairs)
+    assert all(p.tv < 4.6 / RUNS**0.5 for p in report.pairs)  # noise alone: ~3 / sqrt(runs) over 64 outcomes
 
 
 def test_sd_without_residual_fails_the_same_check(monkeypatch):

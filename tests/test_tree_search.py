@@ -416,7 +416,7 @@ def irregular_file(tmp_path):
 @pytest.mark.slow
 def test_irregular_and_automatic_trees_keep_the_targets_law(irregular_file, params):
     params = {"tree": irregular_file, **params}
-    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
+    report = check_method("mcsd", runs=2000, pairs=2, vocab=4, n_tokens=3, seed=1, **params)
     assert report.passed, report.pairs
 
 
@@ -437,7 +437,7 @@ def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monk
         return original(self, context, shape)
 
     monkeypatch.setattr(DraftChain, "propose", counted)
-    report = check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto")
+    report = check_method("mcsd", runs=2000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto")
     assert report.passed, report.pairs
     assert used and set(used) <= {1, 2}
 
@@ -448,7 +448,7 @@ def test_the_chains_tree_auto_picks_are_proposed_as_chains_and_keep_the_law(monk
         return proposal
 
     monkeypatch.setattr(DraftChain, "propose", wrong)
-    assert not check_method("mcsd", runs=3000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto").passed
+    assert not check_method("mcsd", runs=2000, pairs=2, vocab=4, n_tokens=3, seed=1, tree="auto").passed
 
 
 @pytest.mark.slow
@@ -456,7 +456,7 @@ def test_algorithm_1_on_draws_without_replacement_fails_on_an_irregular_tree(irr
     monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: recursive_rejection)
     report = check_method(
         "mcsd",
-        runs=3000,
+        runs=2000,
         pairs=2,
         vocab=4,
         n_tokens=3,

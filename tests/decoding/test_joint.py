@@ -321,13 +321,13 @@ def test_a_draft_identical_to_the_target_passes_every_block(method):
 
 @pytest.mark.slow
 def test_mtad_with_tau_one_is_target_sampling():
-    report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=1.0, width=3, gamma=2)
+    report = check_method("mtad", runs=2500, pairs=2, vocab=3, n_tokens=3, seed=4, tau=1.0, width=3, gamma=2)
     assert report.passed, report.pairs
 
 
 @pytest.mark.slow
 def test_mtad_with_a_small_tau_is_not_target_sampling():
-    report = check_method("mtad", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, tau=0.05, width=3, gamma=2)
+    report = check_method("mtad", runs=2500, pairs=2, vocab=3, n_tokens=3, seed=4, tau=0.05, width=3, gamma=2)
     assert not report.passed  # lossy by design: the checker must say so
 
 
@@ -528,7 +528,7 @@ def test_bild_hands_over_when_the_draft_is_unsure_and_after_max_unchecked_tokens
 
 
 def test_bild_is_not_target_sampling():
-    report = check_method("bild", runs=4000, pairs=2, vocab=3, n_tokens=3, seed=4, rollback=2.0, fallback=0.5)
+    report = check_method("bild", runs=2500, pairs=2, vocab=3, n_tokens=3, seed=4, rollback=2.0, fallback=0.5)
     assert not report.passed
 
 

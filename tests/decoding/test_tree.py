@@ -16,6 +16,8 @@ from multispec.warp import Sampling
 from tests.conftest import FAMILIES, tiny_family, tiny_llama
 from tests.wrong_rules import dedupe_rejection, sorted_rejection
 
+RUNS = 3000  # law checks of the tree methods: outputs per random pair
+
 PROMPT = [5, 17, 3, 42, 8, 11, 9, 30]
 
 
@@ -270,7 +272,7 @@ def test_greedy_model_drafters_make_their_draft_rows_when_first_read():
 )
 @pytest.mark.slow
 def test_tree_methods_pass_the_checker(method, params, sampling):
-    report = check_method(method, runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
+    report = check_method(method, runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, **sampling, **params)
     assert report.passed, report.pairs
 
 
@@ -296,7 +298,7 @@ def test_plausible_mistakes_fail_the_checker(params, wrong, monkeypatch):
     import multispec.decoding.tree
 
     monkeypatch.setattr(multispec.decoding.tree, "node_rule", lambda verifier, replacement: wrong)
-    report = check_method("mcsd", runs=5000, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5, **params)
+    report = check_method("mcsd", runs=RUNS, pairs=2, vocab=4, n_tokens=3, seed=1, concentration=0.5, **params)
     assert not report.passed
 
 

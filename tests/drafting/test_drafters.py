@@ -17,7 +17,7 @@ from multispec.trees import TokenTree
 from multispec.verify import recursive_rejection, tree_verify
 from multispec.warp import Sampling
 
-RUNS = 6000
+RUNS = 3000
 
 
 SETUP = Setup(Sampling(1.0), torch.Generator(), 10, torch.device("cpu"))
@@ -444,7 +444,7 @@ def test_every_drafter_gives_greedy_ar_on_real_text(default_pair):
         "approved funding for three new parks and a library renovation. Council members debated the cost "
         "of the library renovation for two hours before approving it."
     )
-    ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=40).token_ids
+    ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=24).token_ids
     runs = [("sd", {"gamma": 4, "drafter": d}) for d in ("lookup", "suffix", "hybrid")]
     runs += [
         ("sd", {"gamma": "auto", "drafter": "hybrid"}),
@@ -453,6 +453,6 @@ def test_every_drafter_gives_greedy_ar_on_real_text(default_pair):
         ("specinfer", {"k_config": "1x2x1", "drafter": "lookup"}),
     ]
     for method, params in runs:
-        r = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=40, **params)
+        r = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=24, **params)
         assert r.token_ids == ar, (method, params)
         assert r.stats["accepted"] > 0 and r.stats["rejections"] > 0, (method, params)

@@ -11,7 +11,7 @@ from multispec.tools.check import check_method
 from tests.conftest import tiny_llama
 from tests.wrong_rules import target_over_draft_vocab_verify
 
-RUNS = 3000
+RUNS = 2000
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,8 @@ def spawn(hf: HFModel, role: str) -> int:
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     write_status(path, model=hf.name, source=source, role=role, pid=process.pid, state="queued", done=0)
+    global _none_live_at
+    _none_live_at = float("-inf")  # the next generation looks, and stops it
     return process.pid
 
 
@@ -379,6 +381,22 @@ def _signal(pids: list[int], sig) -> list[int]:
 _pause_lock = threading.Lock()
 _pausing = 0  # generations running in this process
 _paused: list[int] = []
+# when the folder was last found without a live worker: a generation starting within LOOK_AGAIN seconds of that
+# does not look again (a look costs a folder listing; a new worker spends longer than that importing torch
+# before it compiles, and the next look stops it)
+LOOK_AGAIN = 0.5
+_none_live_at = float("-inf")
+
+
+def _live_to_pause() -> list[int]:
+    global _none_live_at
+    now = time.monotonic()
+    if now - _none_live_at < LOOK_AGAIN:
+        return []
+    live = _live()
+    if not live:
+        _none_live_at = now
+    return live
 
 
 @contextlib.contextmanager
@@ -390,7 +408,7 @@ def paused():
     with _pause_lock:
         _pausing += 1
         if _pausing == 1:
-            _paused.extend(_signal(_live(), signal.SIGSTOP))
+            _paused.extend(_signal(_live_to_pause(), signal.SIGSTOP))
     try:
         yield
     finally:
