@@ -77,97 +77,22 @@ class _Feed:
     shared: float = 0.0
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A row's last draft choice, as the other rows price it (`RowLoad.chose`)."""
-
-    width: int  # tokens it feeds the target: pending + draft positions
-    tokens: float  # tokens it expects to commit
-    drafts: int  # draft-model positions (0 for a copy or a plain step)
-    # for the batch's allocation (`allocate`): the tokens it feeds without drafts, the survival of each draft
-    # position of its option (empty: a row that takes no part, counted as chosen), and whether that option runs
-    # the draft model
-    pending: int = 1
-    survival: tuple[float, ...] = ()
-    uses_draft: bool = False
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """Draft positions allocated over a batch's rows together (`allocate`)."""
-
-    positions: tuple[int, ...]  # per row, in the order given
-    tokens: float  # the batch's expected committed tokens
-    seconds: float  # the predicted iteration
-
-
-def allocate(
-    rows: list[tuple[int, tuple[float, ...], bool]],
-    target_seconds: Callable[[int], float],
-    draft_seconds: Callable[[int, bool], float],
-    fixed_width: int = 0,
-    fixed_tokens: float = 0.0,
-    fixed_depth: int = 0,
-) -> Allocation:
-    """One verification budget for a batch (`../shared/specs/batching.md` section 4). Each row i offers its
-    draft positions k = 1, 2, ... with survival s_i(k) (the probability that positions 1..k are all accepted, so
-    position k adds s_i(k) expected tokens); positions are admitted in order of survival, across rows, and the
-    number admitted is the one with the most expected tokens per second. Since each row's survival falls with k,
-    every row gets a prefix of its positions, and for a cost that depends on the total tokens alone this greedy
-    order is optimal (E_i concave).
-
-    Args:
-        rows: per row (tokens it feeds without drafts, survival [positions], whether its drafts run the draft
-            model).
-        target_seconds: seconds of the target forward over this many tokens in all.
-        draft_seconds: seconds of the draft forwards when the deepest draft-model chain is this deep, and whether
-            the first row drafts with the draft model (its first forward may catch up on more tokens).
-        fixed_width, fixed_tokens, fixed_depth: rows that take no part: their tokens fed and expected, and their
-            deepest draft-model chain.
-
-    Returns:
-        The allocation with the most expected tokens per second; admitting nothing (a plain step for every row)
-        is always a candidate.
-    """
-    order = sorted(
-        ((-s, i, k) for i, (_, survival, _) in enumerate(rows) for k, s in enumerate(survival, start=1)),
-    )
-    width = fixed_width + sum(pending for pending, _, _ in rows)
-    tokens = fixed_tokens + len(rows)
-    given = [0] * len(rows)
-    depth = fixed_depth
-
-    def seconds() -> float:
-        return target_seconds(width) + (draft_seconds(depth, bool(given and given[0] and rows[0][2])) if depth else 0)
-
-    best = Allocation(tuple(given), tokens, seconds())
-    for minus_s, i, k in order:
-        given[i] = k
-        width += 1
-        tokens -= minus_s
-        if rows[i][2]:
-            depth = max(depth, k)
-        now = seconds()
-        if tokens / now > best.tokens / best.seconds:
-            best = Allocation(tuple(given), tokens, now)
-    return best
-
-
 class RowLoad:
-    """A row's view of its batch for `gamma=auto` (`DraftLength.load`) and `tree=auto` (`AutoTree.load`), so that
-    the rows choose their drafts for the batch (`../shared/specs/batching.md` section 4). A batched forward is
-    packed (`HFModel.forward_rows`): a row's draft positions add its own tokens to the target's forward, not a
-    width to every row. The iteration is priced as:
+    """A row's view of its batch for `gamma=auto` (`DraftLength.load`), so that the rows choose their drafts for
+    the batch (`../shared/specs/batching.md` section 4). A batched forward is packed (`HFModel.forward_rows`): a
+    row's draft positions add its own tokens to the target's forward, not a width to every row. So a row prices
+    each length as the batch's iteration, with the other rows as they last chose (`chose`):
 
-    - the target forward over every row's tokens, from the batched step's measured curve;
-    - the draft forwards: one per position of the deepest chain any row drafts (the target waits for it);
-    - the batch's expected committed tokens.
+    - the target forward over the other rows' tokens plus this row's, from the batched step's measured curve;
+    - the draft forwards: one per position of the longest chain any row drafts (the target waits for it), so
+      positions up to the others' longest cost this row no draft time;
+    - the batch's expected committed tokens: the others' plus this row's own.
 
-    `gamma=auto` allocates the draft positions of every row together (`allocate`): each row offers the survival
-    of its option's positions (`chose`), and a row planning takes its share of the allocation over its own offer
-    and the others' last ones. `tree=auto` searches one row at a time on the same prices, with the other rows as
-    they last chose. Everything read is past (the rows' earlier choices and records, the count of rows), never
-    this iteration's target, so each row's output law stays the target's."""
+    Each row so takes the length that maximises the batch's tokens per second given the others' choices, one
+    row at a time (coordinate ascent on the batch's goodput): rows that accept more draft more, and as rows join,
+    a draft position must pay for itself against a fuller forward, so drafting shrinks, down to none. Everything
+    it reads is past (the other rows' earlier choices and records, the count of rows), never this iteration's
+    target, so each row's output law stays the target's."""
 
     def __init__(self, batcher: Batcher, row: int):
         self._batcher, self._row = batcher, row
@@ -183,50 +108,11 @@ class RowLoad:
         row's drafting (its gap counts its own verification work once per forward)."""
         return len(self._batcher._active) <= 1
 
-    def _choices(self) -> list[Choice]:
-        """Every other active row's last choice; a row that has not chosen (or does not choose: a fixed draft
-        length) counts one token fed and committed."""
-        chosen = self._batcher._chosen
-        return [chosen.get(row, Choice(1, 1.0, 0)) for row in list(self._batcher._active) if row != self._row]
-
     def _others(self) -> list[tuple[int, float, int]]:
-        """(tokens fed, expected tokens committed, draft positions) of every other active row's last choice."""
-        return [(c.width, c.tokens, c.drafts) for c in self._choices()]
-
-    def allocate(
-        self, pending: int, survival: list[float], uses_draft: bool, first: float, later: float, overhead: float
-    ) -> Allocation:
-        """This row's option priced with the whole batch's positions allocated together (`allocate`): the other
-        rows offer the survival of the options they last chose, this row `survival` [positions], so every row
-        that reads the same records comes to the same allocation. `first`, `later`: this row's first draft
-        forward (catching up) and the next ones, when its option runs the draft model. The returned allocation's
-        first entry is this row's."""
-        choices = self._choices()
-        taking = [c for c in choices if c.survival]
-        fixed = [c for c in choices if not c.survival]
-        rows = [(pending, tuple(survival), uses_draft)] + [(c.pending, c.survival, c.uses_draft) for c in taking]
-        most = sum(p for p, _, _ in rows) + sum(len(s) for _, s, _ in rows) + sum(c.width for c in fixed)
-        target = self.target_seconds(most)
-        step = self.draft_step(1)
-
-        def drafts(depth: int, mine: bool) -> float:
-            return first + (depth - 1) * later if mine else depth * step
-
-        return allocate(
-            rows,
-            lambda n: target[n] + overhead,
-            drafts,
-            sum(c.width for c in fixed),
-            sum(c.tokens for c in fixed),
-            max((c.drafts for c in fixed), default=0),
-        )
-
-    def target_seconds(self, most: int) -> list[float]:
-        """[seconds of the batch's target forward over n tokens in all, n = 0 .. most] (`Batcher.curve`)."""
-        batcher = self._batcher
-        scale, gap, model = batcher.scale["target"], batcher.gap, batcher.models["target"]
-        full = batcher.curve("target").curve(model.batch_entries(max(1, most)))
-        return [0.0] + [scale * float(full[model.batch_entries(n)]) + gap for n in range(1, most + 1)]
+        """(tokens fed, expected tokens committed, draft positions) of every other active row's last choice; a
+        row that has not chosen (or does not choose: a fixed draft length) counts one token fed and committed."""
+        chosen = self._batcher._chosen
+        return [chosen.get(row, (1, 1.0, 0)) for row in list(self._batcher._active) if row != self._row]
 
     def target_curve(self, most: int) -> list[float]:
         """[seconds of the batch's target forward with this row w tokens wide, w = 0 .. most]: the other rows'
@@ -265,19 +151,10 @@ class RowLoad:
         """[the other active rows' expected committed tokens, as they last chose], for g = 0 .. most."""
         return [float(sum(tokens for _, tokens, _ in self._others()))] * (most + 1)
 
-    def chose(
-        self,
-        width: int,
-        tokens: float,
-        drafts: int,
-        pending: int = 1,
-        survival: tuple[float, ...] = (),
-        uses_draft: bool = False,
-    ) -> None:
+    def chose(self, width: int, tokens: float, drafts: int) -> None:
         """This row's choice for its next iteration (tokens it feeds the target, tokens it expects to commit,
-        draft positions; for `allocate`: what it feeds without drafts and its option's survival), for the other
-        rows' prices."""
-        self._batcher._chosen[self._row] = Choice(width, tokens, drafts, pending, tuple(survival), uses_draft)
+        draft positions), for the other rows' prices."""
+        self._batcher._chosen[self._row] = (width, tokens, drafts)
 
     def record(self, key: str, drafted: int, accepted: int) -> None:
         """One verification of a drafter option, into the batch's pooled record (`pooled`)."""
@@ -453,7 +330,7 @@ class Batcher:
         for model in given.values():  # measured once per machine (about a second): not in the first request's time
             if _batchable(model):
                 _ = model.batch_rows
-        self._chosen: dict[int, Choice] = {}  # per row: its last draft choice (`RowLoad.chose`)
+        self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
         # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched

@@ -74,8 +74,6 @@ class DraftLength:
         costs more (the draft model) would never be chosen over one that costs nothing (a copy)."""
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
         load = None if self.load is None or self.load.alone else self.load  # a lone row prices as one sequence
-        if load is not None and hasattr(load, "allocate"):
-            return self._plan_in_batch(options, tokens, target_pending, load)
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
         drafting, waiting = 0, 0.0  # in a batch: the others' longest chain, and its draft forwards' seconds
         if load is None:
@@ -110,46 +108,11 @@ class DraftLength:
                     best, best_rate = Plan(option, g, expected, seconds), (expected + others[g]) / seconds
         return self._chose(best, target_pending)
 
-    def _plan_in_batch(self, options: list[Option], tokens: int, target_pending: int, load) -> Plan:
-        """`plan` in a batch: every option priced with the batch's draft positions allocated together
-        (`RowLoad.allocate`, the spec's one verification budget), the other rows offering the options they last
-        chose. This row takes the option whose allocation gives the batch the most tokens per second, and as
-        many positions as that allocation gives it (none: a plain step)."""
-        plain = load.allocate(target_pending, [], False, 0.0, 0.0, self.plain_overhead)
-        best, best_rate = Plan(None, 0, 1.0, plain.seconds), plain.tokens / plain.seconds
-        offer: tuple[list[float], bool] = ([], False)  # the survival this row offers the others, and its kind
-        offer_rate = -1.0
-        for option in options:
-            positions = min(option.length, self.max_gamma)
-            if positions < 1:
-                continue
-            survival, survive = [], 1.0
-            for a in self.rates(option.key)[:positions]:
-                survive *= a
-                survival.append(survive)
-            uses_draft = option.runner is not None and self.draft_cost is not None
-            first = later = 0.0
-            if uses_draft:
-                first = load.draft_step(max(1, tokens - option.runner.committed))
-                later = load.draft_step(1)
-            if self.tries.get(option.key, [0.0])[0] < EXPLORE:  # one draft, before its record is trusted
-                tried = load.allocate(target_pending, survival[:1], uses_draft, first, later, self.overhead)
-                plan = Plan(option, 1, 1.0 + survival[0], tried.seconds)
-                return self._chose(plan, target_pending, survival, uses_draft)
-            allocation = load.allocate(target_pending, survival, uses_draft, first, later, self.overhead)
-            rate, g = allocation.tokens / allocation.seconds, allocation.positions[0]
-            if rate > offer_rate:
-                offer, offer_rate = (survival, uses_draft), rate
-            if g and rate > best_rate:
-                best, best_rate = Plan(option, g, 1.0 + sum(survival[:g]), allocation.seconds), rate
-        return self._chose(best, target_pending, *offer)
-
-    def _chose(self, plan: Plan, target_pending: int, survival=(), uses_draft: bool = False) -> Plan:
-        """`plan`, told to the batch (`load.chose`) for the other rows' prices, with the survival of the option
-        this row offers the batch's allocation."""
+    def _chose(self, plan: Plan, target_pending: int) -> Plan:
+        """`plan`, told to the batch (`load.chose`) for the other rows' prices."""
         if self.load is not None:
             drafts = plan.length if plan.option is not None and plan.option.runner is not None else 0
-            self.load.chose(target_pending + plan.length, plan.tokens, drafts, target_pending, survival, uses_draft)
+            self.load.chose(target_pending + plan.length, plan.tokens, drafts)
         return plan
 
     def observe(self, key: str, drafted: int, accepted: int) -> None:
