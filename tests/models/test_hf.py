@@ -1,9 +1,6 @@
 """The Hugging Face backend (`multispec.models.hf`) on tiny random Llamas: tree forwards, greedy equivalence,
 compiled steps and their kernels, batch invariance, fallbacks."""
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -193,86 +190,6 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
-    # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
-    # the fastest kept (stored for the machine, with every timing)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
-    eager, compiled = tiny_llama(seed=6), tiny_llama(seed=6)
-    compiled.compile = True
-    assert compiled.steps.kernel == "auto"
-    ce, cc = eager.new_cache(), compiled.new_cache()
-    eager.forward(ce, torch.tensor([PROMPT]))
-    compiled.forward(cc, torch.tensor([PROMPT]))
-    for tokens in ([9, 4, 33], [2, 40, 11]):
-        step = torch.tensor([tokens])
-        assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
-    # a graph per variant of KERNELS that runs here (our bfloat16 kernel does not take float32), one more for the
-    # faster with its products concatenated; none after the choice
-    assert compiled.steps.offers(hf.DPBF16) == "it multiplies bfloat16 on a CPU"
-    assert compiled.compiles == len(hf.KERNELS) - 1 + 1 == 3
-    kept = compiled.steps.kernels[(1, 4)]
-    assert kept in hf.VARIANTS
-    err = capsys.readouterr().err
-    assert "(onednn kernels)" in err and "(autotuned kernels)" in err and f"keeps {kept}" in err
-    stored = json.loads((tmp_path / "compiled_kernels.json").read_text())
-    (entry,) = stored.values()
-    timed = set(entry["1x4"]["step_ms"])
-    (concat,) = timed - set(hf.KERNELS)
-    assert entry["1x4"]["kernel"] == kept and timed == {*hf.KERNELS, concat} - {hf.DPBF16}
-    assert concat.removesuffix(hf.CONCAT) in hf.KERNELS and f"({concat} kernels)" in err
-    assert entry["1x4"]["step_ms"][kept] == min(entry["1x4"]["step_ms"].values())  # the faster one is kept
-    # later steps run the kept variant's graph and match
-    step = torch.tensor([[7, 1, 30]])
-    assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
-    # only the kept variant's compiled step stays on disk
-    assert [p.name for p in (tmp_path / "compiled").rglob("*.pt2")] == [f"{kept}-1x4.pt2"]
-    # another process on this machine (here: a fresh model of the same weights) loads it and compiles nothing
-    again = tiny_llama(seed=6)
-    again.compile = True
-    ca = again.new_cache()
-    again.forward(ca, torch.tensor([PROMPT]))
-    want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
-    assert torch.allclose(again.forward(ca, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
-    assert again.compiles == 0 and again.steps.kernels == {(1, 4): kept}
-    assert (
-        f"loaded the compiled step of tiny-llama-64-6 for 1 x 4 new tokens ({kept} kernels)" in capsys.readouterr().err
-    )
-
-
-def _products(package: Path) -> int:
-    """Matrix products (oneDNN linear maps) the packaged step's generated code calls."""
-    import re
-    import zipfile
-
-    with zipfile.ZipFile(package) as z:
-        source = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
-    return len(re.findall(r"aoti_torch_cpu__linear_pointwise\w*\(", source))
-
-
-@pytest.mark.slow
-def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path, monkeypatch):
-    # a layer's query, key and value maps become one product, its gate and up maps another: 7 products a layer
-    # and the head -> 4 a layer and the head; the logits stay the eager step's
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
-    eager = tiny_llama(seed=6)
-    want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
-    counts = {}
-    for kind in ("onednn", "onednn" + hf.CONCAT):
-        model = tiny_llama(seed=6)
-        model.compile, model.steps.kernel = True, kind
-        cache = model.new_cache()
-        model.forward(cache, torch.tensor([PROMPT]))
-        assert torch.allclose(model.forward(cache, torch.tensor([[9, 4, 33]])), want, atol=1e-4)
-        (package,) = (tmp_path / "compiled").rglob(f"{kind}-1x4.pt2")
-        counts[kind] = _products(package)
-    assert counts == {"onednn": 2 * 7 + 1, "onednn+concat": 2 * 4 + 1}
-    with pytest.raises(ValueError, match="one of onednn, autotuned, dpbf16, onednn"):
-        hf.kernel_options("concat")
-
-
-@pytest.mark.slow
 def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):
     # two models of one architecture, compiled in one process and stepped in turn: each step runs the graph
     # holding its own frozen weights (the compiled steps drop dynamo's guards on the modules, so nothing but
@@ -291,20 +208,6 @@ def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypat
             step = torch.tensor([tokens])
             assert torch.allclose(compiled.forward(cc, step), eager.forward(ce, step), atol=1e-4)
     assert [m[1].compiles for m in models] == [1, 1]
-
-
-def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
-    model = tiny_llama(seed=8)
-    model.compile = True
-    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(model): {"1x1": {"kernel": "gone"}}}))
-    assert hf.stored_choice(model, (1, 1)) is None and hf.stored_choice(model, (1, 2)) is None
-    model.steps.kernel = "fastest"
-    cache = model.new_cache()
-    model.forward(cache, torch.tensor([PROMPT]))
-    with pytest.raises(ValueError, match="kernel 'fastest': 'auto', 'invariant' or one of onednn, autotuned"):
-        model.forward(cache, torch.tensor([[9]]))
 
 
 def test_a_model_that_cannot_compile_runs_eagerly_with_one_line_saying_why(monkeypatch, capsys):
