@@ -70,6 +70,27 @@ def test_a_measuring_command_compiles_in_its_own_process_and_only_while_it_loads
     assert background.in_foreground is False
 
 
+def test_a_generation_looks_for_workers_at_most_twice_a_second_and_at_once_after_one_starts(monkeypatch):
+    # a look lists the workers' folder (a noticeable share of a short generation): after one that found none, the
+    # next generations within LOOK_AGAIN seconds do not look, unless this process has just started a worker
+    looks, stopped = [], []
+    live = [[], [4242]]
+    monkeypatch.setattr(background, "_live", lambda: looks.append(1) or live[min(len(looks), 2) - 1])
+    monkeypatch.setattr(background, "_signal", lambda pids, sig: stopped.append(list(pids)) or list(pids))
+    background.look_again()
+    for _ in range(3):
+        with background.paused():
+            pass
+    assert len(looks) == 1 and stopped[0] == []  # one look, none found
+    background.look_again()  # as `spawn` does
+    with background.paused():
+        assert len(looks) == 2 and [4242] in stopped  # the new worker is stopped while the generation runs
+    monkeypatch.setattr(background, "LOOK_AGAIN", 0.0)  # and without the pause between looks, every one looks
+    with background.paused():
+        pass
+    assert len(looks) == 3
+
+
 def test_eager_and_compile_flags_conflict():
     with pytest.raises(SystemExit, match="--eager and --compile"):
         main(["generate", "hi", "--eager", "--compile"])

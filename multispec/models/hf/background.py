@@ -313,8 +313,7 @@ def spawn(hf: HFModel, role: str) -> int:
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     write_status(path, model=hf.name, source=source, role=role, pid=process.pid, state="queued", done=0)
-    global _none_live_at
-    _none_live_at = float("-inf")  # the next generation looks, and stops it
+    look_again()  # the next generation looks, and stops it
     return process.pid
 
 
@@ -386,6 +385,12 @@ _paused: list[int] = []
 # before it compiles, and the next look stops it)
 LOOK_AGAIN = 0.5
 _none_live_at = float("-inf")
+
+
+def look_again() -> None:
+    """The next generation looks for workers whenever the last look was (a worker was just started)."""
+    global _none_live_at
+    _none_live_at = float("-inf")
 
 
 def _live_to_pause() -> list[int]:
