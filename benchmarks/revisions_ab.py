@@ -6,6 +6,9 @@ both alike. Greedy decoding: both revisions must give the same tokens (checked).
 the median of the per-prompt ratios after / before.
 
     python benchmarks/revisions_ab.py --before d9fe735 --after HEAD --method sd --limit 10
+
+`--compile` runs both on compiled steps (`load_pair(compile=True)`): where the two revisions key and build their
+packages alike, both load the same packages from this machine's cache, and the figure is the code around them.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json, sys, torch
 import multispec
 from multispec.api import generate, load_pair
 torch.set_num_threads(int(sys.argv[1]))
-pair = load_pair()
+pair = load_pair(compile=json.loads(sys.argv[2]))
 print(json.dumps({"ready": multispec.__file__}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -49,10 +52,10 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
-def start(path: Path, threads: int) -> subprocess.Popen:
+def start(path: Path, threads: int, compile: bool) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(path)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(threads)],
+        [sys.executable, "-c", WORKER, str(threads), json.dumps(compile)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -81,6 +84,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="both revisions on compiled steps")
     args = ap.parse_args()
     from multispec.tools.bench.prompts import load_prompts
 
@@ -88,7 +92,7 @@ def main() -> None:
     prompts = load_prompts([args.prompts], limit=args.limit, spread=True)
     with tempfile.TemporaryDirectory() as tmp:
         workers = {
-            name: start(export(rev, Path(tmp) / name), args.threads)
+            name: start(export(rev, Path(tmp) / name), args.threads, args.compile)
             for name, rev in (("before", args.before), ("after", args.after))
         }
         ratios, speeds = [], {"before": [], "after": []}

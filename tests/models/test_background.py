@@ -26,6 +26,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def tiny_folder(tmp_path):
+    # loaded in float32 throughout: the default dtype is bfloat16 on hosts with AVX512-BF16 or AMX
     folder = tmp_path / "tiny"
     tiny_llama(seed=3).model.save_pretrained(folder)
     return folder
@@ -46,7 +47,7 @@ def test_the_policy_is_read_and_a_bad_one_is_refused(monkeypatch):
 
 def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cache, tiny_folder, monkeypatch):
     monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
-    model = load_model(str(tiny_folder))  # float32 on any host
+    model = load_model(str(tiny_folder), dtype="float32")  # where compiled steps do not pay by default
     assert model.auto_compile and not model.compile
     assert background.workers() == []
 
@@ -54,7 +55,7 @@ def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cac
 def test_a_failed_background_compile_is_not_started_again_on_every_run(cache, tiny_folder, capsys):
     status = background.status_path(str(tiny_folder), "target", torch.float32, torch.device("cpu"))
     background.write_status(status, model="tiny", role="target", pid=1 << 30, state="failed", error="it broke")
-    model = load_model(str(tiny_folder))
+    model = load_model(str(tiny_folder), dtype="float32")
     assert not model.compile and not background.waiting(model)
     assert "its compiled steps could not be made here (it broke)" in capsys.readouterr().err
     assert [w["state"] for w in background.workers()] == ["failed"]  # no worker was started
@@ -64,7 +65,7 @@ def test_a_failed_background_compile_is_not_started_again_on_every_run(cache, ti
 
 def test_a_measuring_command_compiles_in_its_own_process_and_only_while_it_loads(cache, tiny_folder, capsys):
     with background.foreground():  # what bench, tune, reproduce and cost-curve load their pair in
-        model = load_model(str(tiny_folder))
+        model = load_model(str(tiny_folder), dtype="float32")
     assert model.compile and background.workers() == []  # its steps compile here, as it first needs them
     assert "compiled steps are made in this process, before anything is timed" in capsys.readouterr().err
     assert background.in_foreground is False
@@ -107,7 +108,7 @@ def _wait(condition, seconds=30.0):
 
 @pytest.mark.slow
 def test_a_first_run_is_eager_and_a_background_worker_makes_the_steps(cache, tiny_folder, capsys):
-    model = load_model(str(tiny_folder))
+    model = load_model(str(tiny_folder), dtype="float32")
     assert model.auto_compile and not model.compile  # nothing is made yet: this process runs eagerly
     assert "its compiled steps are being made in the background" in capsys.readouterr().err
     assert describe_model(model).endswith("float32, eager until its compiled steps are made (in the background)")
@@ -116,7 +117,7 @@ def test_a_first_run_is_eager_and_a_background_worker_makes_the_steps(cache, tin
     assert worker["alive"] and worker["role"] == "target" and worker["source"] == str(tiny_folder)
 
     # another process of the same model finds it and starts no other
-    again = load_model(str(tiny_folder))
+    again = load_model(str(tiny_folder), dtype="float32")
     assert not again.compile and "are being made in the background (" in capsys.readouterr().err
     assert len(background.workers()) == 1
 
@@ -143,18 +144,21 @@ def test_once_every_step_is_made_a_later_process_runs_compiled_and_compiles_noth
 
     # a long-lived process (a server) that loaded the model before its steps were made; its worker is ended here,
     # and the steps are made in this process instead
-    early = load_model(str(tiny_folder))
+    early = load_model(str(tiny_folder), dtype="float32")
     (worker,) = background.workers()
     background.stop_workers()
     assert _wait(lambda: not background._alive(worker["pid"]))
     before = early.new_cache()
 
-    first = load_model(str(tiny_folder), compile=True)
+    first = load_model(str(tiny_folder), dtype="float32", compile=True)
     assert background.missing(first, "target") == ["1 new token: its kernel choice"]
     made = prepare_model(first, "target")
     assert made["compiled"] >= 1 and made["missing"] == []
 
-    later, eager = load_model(str(tiny_folder)), load_model(str(tiny_folder), compile=False)
+    later, eager = (
+        load_model(str(tiny_folder), dtype="float32"),
+        load_model(str(tiny_folder), dtype="float32", compile=False),
+    )
     assert later.compile and not eager.compile and not any(w["alive"] for w in background.workers())
     cl, ce = later.new_cache(), eager.new_cache()
     later.forward(cl, torch.tensor([PROMPT]))

@@ -111,3 +111,66 @@ def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_na
     model.forward(cache, torch.tensor([PROMPT]))
     with pytest.raises(ValueError, match="kernel 'fastest': 'auto', 'invariant' or one of onednn, autotuned"):
         model.forward(cache, torch.tensor([[9]]))
+
+
+def _store(tmp_path, model, entries: dict) -> None:
+    (tmp_path / "compiled_kernels.json").write_text(json.dumps({hf.kernel_key(model): entries}))
+
+
+def test_a_bucket_between_the_ends_follows_their_race_where_both_kept_one_variant(tmp_path):
+    from multispec.models.hf import store
+
+    model = tiny_llama(seed=8)
+    model.compile = True
+    raced = {"step_ms": {"onednn": 1.0, "autotuned": 1.2}}
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn+concat", **raced}, "1x64": {"kernel": "onednn+concat", **raced}})
+    follows = store.choice(model, (1, 8))
+    assert follows == {"kernel": "onednn+concat", "from": ["1x1", "1x64"]}
+    assert model.steps._untried(follows) == []  # not raced again for variants its ends lacked
+    assert store.choice(model, (1, 1))["step_ms"] == raced["step_ms"]  # an end is its own race
+    assert store.choice(model, (2, 8)) is None  # other rows: other ends
+    # a kept variant without its concatenated form races against that form (it may win only between the ends)
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn", **raced}, "1x64": {"kernel": "onednn", **raced}})
+    assert store.choice(model, (1, 8)) is None and store.candidates(model, (1, 8)) == ["onednn"]
+    # the ends disagree: the bucket races their two variants; one end not raced yet: every variant
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn", **raced}, "1x64": {"kernel": "autotuned+concat", **raced}})
+    assert store.choice(model, (1, 8)) is None and store.candidates(model, (1, 8)) == ["onednn", "autotuned+concat"]
+    assert model.steps._untried({"kernel": "onednn", "step_ms": {}, "among": ["onednn", "autotuned"]}) == []
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn", **raced}})
+    assert store.choice(model, (1, 8)) is None and store.choice(model, (1, 64)) is None
+    assert store.candidates(model, (1, 8)) is None and store.candidates(model, (1, 1)) is None
+    # a bucket's own race stands whatever the ends kept
+    own = {"kernel": "autotuned", **raced}
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn", **raced}, "1x64": {"kernel": "onednn", **raced}, "1x8": own})
+    assert store.choice(model, (1, 8)) == own
+    # the worker makes the ends first
+    from multispec.models.hf import background
+
+    assert background.BUCKETS[:2] == (1, hf.COMPILED_TOKENS) and sorted(background.BUCKETS[2:]) == [2, 4, 8, 16, 32]
+
+
+@pytest.mark.slow
+def test_a_bucket_between_raced_ends_compiles_only_their_variants(tmp_path, monkeypatch):
+    # where both ends' races kept one variant, a bucket between them compiles that variant alone: one whole-model
+    # compile instead of a race of several; where they kept two, it races those two alone
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    eager, model = tiny_llama(seed=6), tiny_llama(seed=6)
+    model.compile = True
+    raced = {"step_ms": {"onednn": 1.0, "autotuned": 1.2}}
+    _store(tmp_path, model, {"1x1": {"kernel": "onednn+concat", **raced}, "1x64": {"kernel": "onednn+concat", **raced}})
+    ce, cc = eager.new_cache(), model.new_cache()
+    eager.forward(ce, torch.tensor([PROMPT]))
+    model.forward(cc, torch.tensor([PROMPT]))
+    step = torch.tensor([[9, 4, 33]])
+    assert torch.allclose(model.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    assert model.compiles == 1 and model.steps.kernels == {(1, 4): "onednn+concat"}
+    assert [p.name for p in (tmp_path / "compiled").rglob("*.pt2")] == ["onednn+concat-1x4.pt2"]
+    assert "1x4" not in json.loads((tmp_path / "compiled_kernels.json").read_text())[hf.kernel_key(model)]
+    entries = json.loads((tmp_path / "compiled_kernels.json").read_text())[hf.kernel_key(model)]
+    entries["1x64"] = {"kernel": "autotuned+concat", **raced}
+    _store(tmp_path, model, entries)
+    step = torch.tensor([[5, 8]])
+    assert torch.allclose(model.forward(cc, step), eager.forward(ce, step), atol=1e-4)
+    entry = json.loads((tmp_path / "compiled_kernels.json").read_text())[hf.kernel_key(model)]["1x2"]
+    assert entry["among"] == ["onednn+concat", "autotuned+concat"] and set(entry["step_ms"]) == set(entry["among"])
+    assert model.compiles == 1 + 2 and model.steps.kernels[(1, 2)] == entry["kernel"]

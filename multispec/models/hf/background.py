@@ -48,8 +48,14 @@ if TYPE_CHECKING:
 AUTO = "auto"
 POLICY_VARIABLE = "MULTISPEC_COMPILE"
 POLICIES = ("auto", "eager", "background")
-# the buckets of new tokens a compiled model steps in (one row): all of them are compiled before a process uses any
-BUCKETS = tuple(1 << i for i in range(COMPILED_TOKENS.bit_length()) if 1 << i <= COMPILED_TOKENS)
+# the buckets of new tokens a compiled model steps in (one row): all of them are compiled before a process uses any;
+# the two ends first, so that the buckets between them can follow their races (`store.choice`)
+BUCKETS = tuple(
+    sorted(
+        (1 << i for i in range(COMPILED_TOKENS.bit_length()) if 1 << i <= COMPILED_TOKENS),
+        key=lambda w: 1 < w < COMPILED_TOKENS,
+    )
+)
 ROLES = ("target", "draft")
 # within `foreground()` (the commands that measure: bench, tune, reproduce, cost-curve), "auto" compiles what is
 # missing in this process, before anything is timed, instead of in a worker running beside the measurement
@@ -120,7 +126,7 @@ def missing(hf: HFModel, role: str) -> list[str]:
         if kernel == INVARIANT:
             kind = INVARIANT_DPBF16
         else:
-            entry = store.stored_choice(hf, shape)
+            entry = store.choice(hf, shape)
             if entry is None or steps.offers(entry["kernel"]) is not None or steps._untried(entry):
                 lacking.append(f"{tokens}: its kernel choice")
                 continue

@@ -253,7 +253,7 @@ class CompiledSteps:
             if self.kernel != "auto" or self.hf.device.type != "cpu":
                 kind = self.kernel
             else:
-                entry = store.stored_choice(self.hf, shape)
+                entry = store.choice(self.hf, shape)
                 if entry is None or self.offers(entry["kernel"]) is not None:
                     # first use of this shape on this machine (or its kept variant does not run in this process,
                     # as our kernel switched off): compile every variant that runs, keep the fastest
@@ -284,7 +284,10 @@ class CompiledSteps:
 
     def _untried(self, entry: dict) -> list[str]:
         """The variants a stored choice would have raced had they run then (those of `KERNELS`, and the kept one
-        with `CONCAT`), that run here but were neither timed nor failed."""
+        with `CONCAT`), that run here but were neither timed nor failed. A bucket that followed the ends' races
+        (`store.candidates`) has none: the ends raced every variant."""
+        if "from" in entry or "among" in entry:
+            return []
         kept = entry["kernel"]
         kinds = (*RACED, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
         return [k for k in kinds if k not in store.tried(entry) and self.offers(k) is None]
@@ -341,16 +344,21 @@ class CompiledSteps:
         return logits
 
     def _choose_kernel(self, shape, args, stored: dict | None = None):
-        """Compile the shape's step in every variant of `RACED` that runs here, time each whole step in place
-        (the same feed, interleaved rounds), then the fastest with `CONCAT` against itself (where it has that
-        form); keep the fastest here. With `stored` (a choice an earlier process made without some variant),
-        only the kept one and the variants untried are raced. The last call runs the kept variant, so its logits
+        """Compile the shape's step in every variant of `RACED` that runs here (a bucket between raced ends: in
+        the variants they kept, `store.candidates`), time each whole step in place (the same feed, interleaved
+        rounds), then the fastest with `CONCAT` against itself (where it has that form); keep the fastest here.
+        With `stored` (a choice an earlier process made without some variant), only the kept one and the variants
+        untried are raced. The last call runs the kept variant, so its logits
         and the cache entries it wrote are the kept variant's. All of it is a one-time cost."""
         t0 = time.perf_counter()
         compiled_before = self.hf.compile_seconds
         failed: list[str] = []
+        among = store.candidates(self.hf, shape) if stored is None else None  # a bucket between raced ends
         if stored is None:
-            seconds = self._race(shape, args, [k for k in RACED if self.offers(k) is None], failed)
+            runs = [k for k in among or () if self.offers(k) is None]
+            if not runs:  # (no end raced yet, or their variants do not run in this process)
+                among, runs = None, [k for k in RACED if self.offers(k) is None]
+            seconds = self._race(shape, args, runs, failed)
         else:
             seconds = self._race(shape, args, [stored["kernel"], *self._untried(stored)], failed)
         best = min(seconds, key=seconds.get)
@@ -359,7 +367,7 @@ class CompiledSteps:
             seconds |= self._race(shape, args, [best, best + CONCAT], failed)  # the kept one timed again beside it
         kind = min(seconds, key=seconds.get)
         self.kernels[shape] = kind
-        store.store_kernel(self.hf, shape, kind, seconds, failed, before=None if stored is None else stored)
+        store.store_kernel(self.hf, shape, kind, seconds, failed, before=stored, among=among)
         # only the kept variant's package stays on disk (and a one-token batch-invariant step's: `_race_exact`
         # times it next)
         for other in (*VARIANTS, INVARIANT_DPBF16):
