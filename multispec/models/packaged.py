@@ -65,11 +65,14 @@ def folder() -> Path:
 
 def weights_fingerprint(module: torch.nn.Module) -> str:
     """A hash of the module's configuration and of every weight's name, shape, dtype and a spread sample of
-    its values: two checkpoints of one architecture (a fine-tune, a tiny model with another seed) differ."""
+    its values: two checkpoints of one architecture (a fine-tune, a tiny model with another seed) differ. Where
+    the checkpoint was loaded from is left out (the config's `_name_or_path`): a model moved, or the shipped draft
+    in another environment's copy of the package, finds the steps made for it."""
     digest = hashlib.blake2b(digest_size=16)
     config = getattr(module, "config", None)
     if config is not None:
-        digest.update(config.to_json_string(use_diff=False).encode())
+        fields = {k: v for k, v in config.to_dict().items() if k != "_name_or_path"}
+        digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, tensor in (*module.named_parameters(), *module.named_buffers()):
             flat = tensor.detach().reshape(-1)

@@ -89,3 +89,17 @@ def test_steps_of_another_compiled_graph_are_listed_stale_and_cleared(capsys):
     assert "removed 2 compiled step(s)" in capsys.readouterr().out
     assert now.exists() and not old.exists() and not older.exists()
     assert packaged.prune_stale() == []
+
+
+def test_the_weights_fingerprint_follows_the_weights_not_the_folder_they_came_from(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(seed=3).model.save_pretrained(tmp_path / "a")
+    tiny_llama(seed=3).model.save_pretrained(tmp_path / "b")
+    tiny_llama(seed=4).model.save_pretrained(tmp_path / "c")
+    a, b, c = (AutoModelForCausalLM.from_pretrained(tmp_path / n) for n in "abc")
+    assert a.config._name_or_path != b.config._name_or_path
+    assert packaged.weights_fingerprint(a) == packaged.weights_fingerprint(b)
+    assert packaged.weights_fingerprint(a) != packaged.weights_fingerprint(c)  # other weights
+    b.config.rms_norm_eps = 1e-3
+    assert packaged.weights_fingerprint(a) != packaged.weights_fingerprint(b)  # another configuration
