@@ -348,8 +348,8 @@ class CompiledSteps:
         the variants they kept, `store.candidates`), time each whole step in place (the same feed, interleaved
         rounds), then the fastest with `CONCAT` against itself (where it has that form); keep the fastest here.
         With `stored` (a choice an earlier process made without some variant), only the kept one and the variants
-        untried are raced. The last call runs the kept variant, so its logits
-        and the cache entries it wrote are the kept variant's. All of it is a one-time cost."""
+        untried are raced. The last call runs the kept variant, so its logits and the cache entries it wrote are
+        the kept variant's. All of it is a one-time cost."""
         t0 = time.perf_counter()
         compiled_before = self.hf.compile_seconds
         failed: list[str] = []
