@@ -420,6 +420,71 @@ at::Tensor attend(const at::Tensor& query, const at::Tensor& keys, const at::Ten
   return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
 }
 
+// `attend` for packed tokens of many sequences (a batched step, `static.attend_packed`): query [T, Hq, d], keys
+// [R, Hkv, >= K, d] and values [R, Hkv, >= K, >= dv] of one type (a batch cache's buffers, one row per sequence),
+// rows [T] (token t reads cache row rows[t]), additive float32 mask [T, K]; out [T, Hq, dv] in the query's type.
+// One item per (token, key head): the group's query heads in one block, each in `attend_row`'s order, so a token
+// gets the bits `attend` gives it alone, whatever else is packed with it and however wide the mask is padded.
+at::Tensor attend_tokens(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                         const at::Tensor& rows, const at::Tensor& mask, int64_t dv, double scaling) {
+  TORCH_CHECK(query.dim() == 3 && keys.dim() == 4 && values.dim() == 4 && rows.dim() == 1 && mask.dim() == 2,
+              "multispec_dpbf16::attend_tokens: query [T, Hq, d], keys and values [R, Hkv, C, d], rows [T], mask [T, K]");
+  const auto type = keys.scalar_type();
+  TORCH_CHECK((type == at::kFloat || type == at::kBFloat16) && values.scalar_type() == type &&
+              mask.scalar_type() == at::kFloat && rows.scalar_type() == at::kLong,
+              "multispec_dpbf16::attend_tokens: float32 or bfloat16 keys and values of one type, a float32 mask and "
+              "int64 rows");
+  const int64_t t = query.size(0), hq = query.size(1), d = query.size(2);
+  const int64_t hk = keys.size(1), width = mask.size(1), most = d == dv ? block_rows(dv / 16) : 0;
+  TORCH_CHECK(most > 0 && keys.size(3) == d && values.size(3) >= dv,
+              "multispec_dpbf16::attend_tokens: heads of 64 or 128 numbers, keys and values alike");
+  TORCH_CHECK(hk > 0 && hq % hk == 0 && keys.size(2) >= width && values.size(2) >= width && mask.size(0) == t &&
+              rows.size(0) == t, "multispec_dpbf16::attend_tokens: shapes do not agree");
+  TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1 && mask.stride(1) == 1,
+              "multispec_dpbf16::attend_tokens: keys, values and mask must be contiguous in their last dimension");
+  const at::Tensor q = query.to(at::kFloat).contiguous();
+  const at::Tensor r = rows.contiguous();
+  at::Tensor out = at::empty({t, hq, dv}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* mp = mask.data_ptr<float>();
+  const int64_t* rp = r.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = hq / hk, blocks = (group + most - 1) / most, size = (group + blocks - 1) / blocks;
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(rp[i] >= 0 && rp[i] < keys.size(0), "multispec_dpbf16::attend_tokens: a row out of range");
+  const float scale = static_cast<float>(scaling);
+  auto run = [&](auto kp, auto vp) {
+    at::parallel_for(0, t * hk * blocks, 1, [&](int64_t start, int64_t end) {
+      std::vector<float> scores(size * ((width + 15) / 16 * 16));
+      const float* qs[6];
+      const float* ms[6];
+      float* os[6];
+      for (int64_t item = start; item < end; ++item) {
+        const int64_t token = item / (hk * blocks), kh = (item / blocks) % hk, first = (item % blocks) * size;
+        const int64_t count = std::min(size, group - first);
+        if (count <= 0) continue;
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t h = kh * group + first + i;
+          qs[i] = qp + (token * hq + h) * d;
+          ms[i] = mp + token * mask.stride(0);
+          os[i] = op + (token * hq + h) * dv;
+        }
+        const auto kb = kp + rp[token] * keys.stride(0) + kh * keys.stride(1);
+        const auto vb = vp + rp[token] * values.stride(0) + kh * values.stride(1);
+        if (d == 64)
+          attend_block<4>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, 1, width, scale, scores.data(), os);
+        else
+          attend_block<8>(count, qs, kb, keys.stride(2), vb, values.stride(2), ms, 1, width, scale, scores.data(), os);
+      }
+    });
+  };
+  if (type == at::kBFloat16)
+    run(keys.data_ptr<at::BFloat16>(), values.data_ptr<at::BFloat16>());
+  else
+    run(keys.data_ptr<float>(), values.data_ptr<float>());
+  return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
+}
+
 // modes[i]: the Prefetch of `linear` on i rows (i >= 1; the last entry stands for every larger number too)
 void set_prefetch(at::IntArrayRef modes) {
   TORCH_CHECK(modes.size() >= 2, "multispec_dpbf16::set_prefetch: give a mode for 1 row at least");
@@ -434,10 +499,12 @@ void set_prefetch(at::IntArrayRef modes) {
 TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int out_features) -> Tensor");
   m.def("attend(Tensor query, Tensor keys, Tensor values, Tensor mask, int dv, float scaling) -> Tensor");
+  m.def("attend_tokens(Tensor query, Tensor keys, Tensor values, Tensor rows, Tensor mask, int dv, float scaling) -> Tensor");
   m.def("set_prefetch(int[] modes) -> ()", &set_prefetch);
 }
 
 TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
   m.impl("linear", &linear);
   m.impl("attend", &attend);
+  m.impl("attend_tokens", &attend_tokens);
 }

@@ -82,6 +82,7 @@ def _load() -> str | None:
         return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     torch.library.register_fake("multispec_dpbf16::linear")(_shape)
     torch.library.register_fake("multispec_dpbf16::attend")(_attended)
+    torch.library.register_fake("multispec_dpbf16::attend_tokens")(_attended_tokens)
     set_prefetch(_calibrated_prefetch(digest))
     return None
 
@@ -182,6 +183,39 @@ def attend(
     depends only on the keys it sees with a weight above 0, in their slot order: not on the other rows, nor on
     masked slots between them, so a tree node gets a chain step's bits."""
     return torch.ops.multispec_dpbf16.attend(query, keys, values, mask, dv, scaling)
+
+
+def _attended_tokens(query, keys, values, rows, mask, dv, scaling):
+    return query.new_empty((*query.shape[:-1], dv))
+
+
+def attend_tokens(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    rows: torch.Tensor,
+    mask: torch.Tensor,
+    dv: int,
+    scaling: float,
+) -> torch.Tensor:
+    """`attend` for the packed tokens of a batched step, each over its own row of a batch cache.
+
+    Args:
+        query: [T, Hq, d], one entry per packed token.
+        keys: [R, Hkv, >= K, d] and values [R, Hkv, >= K, >= dv], float32 or bfloat16: the batch cache's buffers.
+        rows: [T] int64, the cache row each token reads.
+        mask: [T, K] additive float32, each token's view of its row (-inf past what it sees).
+        dv: value size; scaling: the scores' factor.
+
+    Returns:
+        [T, Hq, dv] in the query's type: each token's bits are those `attend` gives it alone (its sums in
+        `attend_row`'s order), whatever else is packed with it and however wide K is."""
+    return torch.ops.multispec_dpbf16.attend_tokens(query, keys, values, rows, mask, dv, scaling)
+
+
+def attends_tokens(head_dim: int, value_dim: int) -> bool:
+    """Whether `attend_tokens` takes heads of these sizes (its blocked form only)."""
+    return head_dim == value_dim and head_dim in (64, 128)
 
 
 def attends(head_dim: int, value_dim: int) -> bool:

@@ -150,6 +150,10 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
     keys[rows, :, slots] = key[0].transpose(0, 1).to(keys.dtype)
     values[rows, :, slots] = with_ones(value[0], values.dtype).transpose(0, 1)
     hq, t, _ = query.shape[1:]
+    if by_tokens(query, value, keys, sliding, softcap):
+        # every token in one call of our kernel over its own row: no group's gathered copy of the rows
+        mask = packed.token_masks()
+        return dpbf16.attend_tokens(query[0].transpose(0, 1), keys, values, rows, mask, value.shape[-1], scaling)[None]
     out = query.new_zeros(hq, t, value.shape[-1])
     for group in packed.groups:
         masks = group.masks
@@ -192,6 +196,20 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
         got = got.transpose(0, 1).reshape(hq, g * w, -1)  # [Hq, g * w, dv]
         out.index_copy_(1, group.tokens.to(device), got.index_select(1, group.fill.to(device)).to(out.dtype))
     return out.transpose(0, 1)[None]
+
+
+def by_tokens(query, value, keys, sliding: bool, softcap) -> bool:
+    """Whether a packed step attends token by token on our kernel (`dpbf16.attend_tokens`): bfloat16 on a CPU
+    where the kernel runs, heads it takes, no sliding window nor soft cap. Elsewhere attention goes group by
+    group (float32 keeps the bits of a sequence's steps alone, `HFModel.forward`)."""
+    return (
+        query.dtype == torch.bfloat16
+        and keys.is_cpu
+        and not sliding
+        and not softcap
+        and dpbf16.attends_tokens(query.shape[-1], value.shape[-1])
+        and dpbf16.unavailable() is None
+    )
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:

@@ -310,6 +310,44 @@ def test_each_attention_row_gets_the_bits_it_gets_alone(kernel, heads, kv_heads,
             assert torch.equal(alone[0, 0, 0], together[0, head, token]), (head, token)
 
 
+@pytest.mark.parametrize("dim, cache", [(64, torch.bfloat16), (128, torch.float32)])
+def test_packed_tokens_each_get_the_bits_they_get_alone_over_their_own_row(kernel, dim, cache):
+    # a batched step's tokens (`static.attend_packed`): each reads its own row of the batch cache through its own
+    # mask row; its output is softmax attention, with the bits `attend` gives it alone, however wide the masks
+    # are padded and whatever else is packed with it
+    gen = torch.Generator().manual_seed(dim)
+    rows, kv_heads, heads, capacity = 5, 3, 9, 300
+    keys = torch.randn(rows, kv_heads, capacity, dim, generator=gen).to(cache)
+    values = torch.randn(rows, kv_heads, capacity, dim + 1, generator=gen).to(cache)  # a ones column after dim
+    token_rows = torch.tensor([0, 0, 0, 1, 2, 2, 3, 4, 4, 4, 4, 1])
+    widths = torch.randint(50, 250, (len(token_rows),), generator=gen)
+    minimum = torch.finfo(torch.float32).min
+    mask = torch.full((len(token_rows), int(widths.max()) + 7), minimum)
+    for t, w in enumerate(widths.tolist()):
+        mask[t, :w] = 0.0
+    query = torch.randn(len(token_rows), heads, dim, generator=gen).bfloat16()
+    out = dpbf16.attend_tokens(query, keys, values, token_rows, mask, dim, 0.125)
+    assert out.shape == (len(token_rows), heads, dim) and out.dtype == torch.bfloat16
+    for t, (row, w) in enumerate(zip(token_rows.tolist(), widths.tolist(), strict=True)):
+        alone = dpbf16.attend(
+            query[t][None, :, None], keys[row][None], values[row][None], torch.zeros(1, 1, 1, w), dim, 0.125
+        )
+        assert torch.equal(alone[0, :, 0], out[t]), t
+        exact = _attention_reference(
+            query[t][None, :, None], keys[row][None, :, :w], values[row][None, :, :w, :dim], torch.zeros(1, 1, 1, w), 0.125
+        )
+        assert torch.allclose(out[t].double(), exact[0, :, 0], atol=1e-2, rtol=1e-2)
+    wider = torch.cat([mask, torch.full((len(token_rows), 40), minimum)], 1)
+    assert torch.equal(dpbf16.attend_tokens(query, keys, values, token_rows, wider, dim, 0.125), out)
+    # the known-wrong variant: every token reading the first row, as one group's gathered copy would
+    wrong = dpbf16.attend_tokens(query, keys, values, torch.zeros_like(token_rows), mask, dim, 0.125)
+    assert not torch.equal(wrong, out)
+    with pytest.raises(RuntimeError, match="a row out of range"):
+        dpbf16.attend_tokens(query, keys, values, token_rows + rows, mask, dim, 0.125)
+    with pytest.raises(RuntimeError, match="heads of 64 or 128"):
+        dpbf16.attend_tokens(query[..., :32], keys[..., :32], values, token_rows, mask, 32, 0.125)
+
+
 def _tree_and_chain(attention, past: int = 300):
     """A node at depth 3 of a tree (its ancestors at tree slots 0 and 2, a masked sibling at 1 and a cousin after
     it) against the same node as a chain step (ancestors at consecutive slots): whether its output has the same

@@ -160,6 +160,20 @@ class PackedStep:
     token_slots: torch.Tensor  # [T] ... and the slot (padding tokens: free slots after the last row's new ones)
     groups: list[AttendGroup]
     starts: list[int]  # per feed: its first token in the packed step
+    token_mask: torch.Tensor | None = None  # [T, K] each token's additive mask over its row (`token_masks`)
+
+    def token_masks(self) -> torch.Tensor:
+        """[T, K] additive float32: each token's view of its own cache row, K the widest group's keys (a padding
+        token sees nothing), for attention token by token (`dpbf16.attend_tokens`). Built once per step."""
+        if self.token_mask is None:
+            widths = [g.masks.shape[-1] for g in self.groups]
+            device = self.ids.device
+            mask = torch.full((self.ids.shape[1], max(widths)), torch.finfo(torch.float32).min, device=device)
+            for g in self.groups:
+                flat = g.masks.reshape(-1, g.masks.shape[-1]).to(device)
+                mask[g.tokens, : flat.shape[1]] = flat[g.fill]
+            self.token_mask = mask
+        return self.token_mask
 
 
 def packed_inputs(
