@@ -334,7 +334,11 @@ def test_packed_tokens_each_get_the_bits_they_get_alone_over_their_own_row(kerne
         )
         assert torch.equal(alone[0, :, 0], out[t]), t
         exact = _attention_reference(
-            query[t][None, :, None], keys[row][None, :, :w], values[row][None, :, :w, :dim], torch.zeros(1, 1, 1, w), 0.125
+            query[t][None, :, None],
+            keys[row][None, :, :w],
+            values[row][None, :, :w, :dim],
+            torch.zeros(1, 1, 1, w),
+            0.125,
         )
         assert torch.allclose(out[t].double(), exact[0, :, 0], atol=1e-2, rtol=1e-2)
     wider = torch.cat([mask, torch.full((len(token_rows), 40), minimum)], 1)
