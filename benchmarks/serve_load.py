@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--server-arg", action="append", default=[], help="an option for `multispec serve`")
     ap.add_argument("--baseline", action="store_true", help="also time transformers' batched generate")
+    ap.add_argument("--device", default=None, help="the server's and the baseline's device (cuda: bfloat16)")
     args = ap.parse_args()
     counts = [int(c) for c in str(args.clients).split(",")]
     prompts = load_prompts(args.prompts) if args.prompts else PROMPTS
@@ -148,6 +149,7 @@ def main() -> int:
             "warning",
             "--max-queue",
             str(max(counts)),
+            *(["--device", args.device] if args.device else []),
             *args.server_arg,
         ],
         stderr=subprocess.PIPE,
@@ -174,6 +176,7 @@ def main() -> int:
             "temperature": args.temperature,
             "prompts": args.prompts or "8 short built-in prompts",
             "server_args": args.server_arg,
+            "device": args.device or "cpu",
             "runs": [],
         }
         for clients, method in [(c, m) for c in counts for m in args.method or ["default"]]:
@@ -213,12 +216,12 @@ def main() -> int:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
     if args.baseline:
-        report["transformers"] = baseline(counts, args.requests, args.max_tokens, prompts)
+        report["transformers"] = baseline(counts, args.requests, args.max_tokens, prompts, args.device or "cpu")
         (out / "load.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
-def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[str]) -> list[dict]:
+def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[str], device: str) -> list[dict]:
     """transformers as it ships on the default target, for each client count C (module note), each timed after
     one warm-up call."""
     import torch
@@ -229,7 +232,8 @@ def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[st
 
     path = converted_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=default_dtype()).eval()
+    dtype = torch.bfloat16 if device.startswith("cuda") else default_dtype()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
     def chat(text: str) -> str:
         return tokenizer.apply_chat_template(
@@ -242,11 +246,13 @@ def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[st
     results = []
     for clients in counts:
         firsts = [chat(prompts[(c * requests) % len(prompts)]) for c in range(clients)]
-        batch = tokenizer(firsts, return_tensors="pt", padding=True, add_special_tokens=False)
+        batch = tokenizer(firsts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.inference_mode():
             model.generate(**batch, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
             t0 = time.perf_counter()
             model.generate(**batch, **kwargs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
             padded = time.perf_counter() - t0
         every = [chat(prompts[i % len(prompts)]) for i in range(clients * requests)]
         ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in every]

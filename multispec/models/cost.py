@@ -21,6 +21,7 @@ import torch
 
 from .. import machine
 from ..machine import describe_device, instruction_sets, read_store, store_path, write_store_entry
+from . import linears
 from .base import LanguageModel
 from .static import STEP_VERSION, bucket
 
@@ -137,6 +138,9 @@ def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool =
     )
     if engine == "static" and getattr(model, "eager_packed", lambda: False)():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
+        inner = getattr(model, "model", None)
+        if inner is not None and any(linears.packed_kind(m) == linears.TILES for m in inner.modules()):
+            engine = "static+tiles"  # ... on our tile kernel
     steps = getattr(model, "steps", None)  # a compiled model's steps (`HFModel.steps`), settled by `prepare`
     if engine == "compiled" and getattr(steps, "kernel", None) == "invariant":
         engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")

@@ -11,8 +11,12 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -124,6 +128,147 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   sizes.back() = out_features;
   return y.view(sizes);
 }
+
+// The same product on AMX tiles (CPUs with AMX-BF16), from the same packed weight: a block's 16 pairs of K make
+// one B tile as they lie ([16 pairs][16 columns][2]); 16 rows of the input (padded with zero rows) one A tile.
+// `_tile_dpbf16ps` adds each output's 16 pair products into its float32 sum, chunk after chunk of K, so a row's
+// output does not depend on the other rows either (though its bits are not the vector kernel's). One tile op
+// serves 16 rows at the cost of one, so up to 16 rows cost one pass over the weights.
+constexpr int kTileBlocks = 4;  // output blocks a thread computes together: 4 accumulator tiles
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// whether this process may use the tiles (Linux grants them on request, once per process)
+bool tiles_granted() {
+  static const bool granted = [] {
+    constexpr int kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr int kTileData = 18;               // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void load_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  // the compiler does not know that the instruction reads the whole struct (GCC 12 dropped the stores above)
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+
+// `B` blocks of outputs from block `first`, for every 16-row block of x [16 * m_blocks, K] (zero rows past `rows`)
+template <int B>
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16"))) void tile_blocks(
+    const at::BFloat16* x, int64_t m_blocks, int64_t rows, int64_t pairs, const uint16_t* packed, int64_t first,
+    const float* bias, at::BFloat16* y, int64_t ldy) {
+  alignas(64) float sums[kTileBlocks * 256];
+  const uint16_t* w = packed + first * pairs * 2 * kColumns;
+  const int64_t chunks = pairs / 16, block = pairs * 2 * kColumns, column = first * kColumns;
+  for (int64_t m = 0; m < m_blocks; ++m) {
+    _tile_zero(0);
+    if (B > 1) _tile_zero(1);
+    if (B > 2) _tile_zero(2);
+    if (B > 3) _tile_zero(3);
+    const at::BFloat16* a = x + m * 16 * pairs * 2;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const uint16_t* chunk = w + c * 16 * 2 * kColumns;
+      _tile_loadd(4, a + c * 32, pairs * 4);
+      _tile_loadd(5, chunk, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      if (B > 1) {
+        _tile_loadd(6, chunk + block, 64);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      if (B > 2) {
+        _tile_loadd(7, chunk + 2 * block, 64);
+        _tile_dpbf16ps(2, 4, 7);
+      }
+      if (B > 3) {
+        _tile_loadd(5, chunk + 3 * block, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+    }
+    _tile_stored(0, sums, 64);
+    if (B > 1) _tile_stored(1, sums + 256, 64);
+    if (B > 2) _tile_stored(2, sums + 512, 64);
+    if (B > 3) _tile_stored(3, sums + 768, 64);
+    const int64_t count = std::min<int64_t>(16, rows - m * 16);
+    for (int64_t r = 0; r < count; ++r)
+      for (int b = 0; b < B; ++b) {
+        __m512 out = _mm512_load_ps(sums + b * 256 + r * 16);
+        if (bias != nullptr) out = _mm512_add_ps(out, _mm512_loadu_ps(bias + column + b * kColumns));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m * 16 + r) * ldy + column + b * kColumns),
+                            (__m256i)_mm512_cvtneps_pbh(out));
+      }
+  }
+}
+
+at::Tensor linear_tiles(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                        int64_t out_features) {
+  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+              "multispec_dpbf16::linear_tiles takes bfloat16 inputs and weights");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kColumns && packed.size(3) == 2 && packed.is_contiguous(),
+              "multispec_dpbf16::linear_tiles: the weight must be packed by multispec.models.dpbf16.pack");
+  const int64_t in_features = input.size(-1);
+  TORCH_CHECK(in_features == 2 * packed.size(1), "multispec_dpbf16::linear_tiles: the input has ", in_features,
+              " features, the packed weight ", 2 * packed.size(1));
+  TORCH_CHECK(in_features % 32 == 0, "multispec_dpbf16::linear_tiles: inputs must come in multiples of 32");
+  TORCH_CHECK(tiles_granted(), "multispec_dpbf16::linear_tiles: this process may not use AMX tiles");
+  const int64_t n_blocks = packed.size(0);
+  TORCH_CHECK(out_features <= n_blocks * kColumns, "multispec_dpbf16::linear_tiles: more outputs than the weight has");
+  at::Tensor x = input.reshape({-1, in_features}).contiguous();
+  const int64_t rows = x.size(0), m_blocks = (rows + 15) / 16;
+  if (rows % 16 != 0) {  // zero rows up to a whole tile (plain copies: a padding operator cost 10 us a call)
+    at::Tensor padded = at::empty({m_blocks * 16, in_features}, x.options());
+    const size_t filled = rows * in_features * sizeof(at::BFloat16);
+    std::memcpy(padded.data_ptr(), x.data_ptr(), filled);
+    std::memset(static_cast<char*>(padded.data_ptr()) + filled, 0,
+                (m_blocks * 16 - rows) * in_features * sizeof(at::BFloat16));
+    x = padded;
+  }
+  const int64_t width = n_blocks * kColumns;
+  at::Tensor y = at::empty({rows, width}, x.options());
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = at::zeros({width}, x.options().dtype(at::kFloat));
+    b.narrow(0, 0, out_features).copy_(*bias);
+  }
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto* yp = y.data_ptr<at::BFloat16>();
+  const int64_t pairs = in_features / 2, groups = (n_blocks + kTileBlocks - 1) / kTileBlocks;
+  at::parallel_for(0, groups, 1, [&](int64_t start, int64_t end) {
+    load_tile_config();
+    for (int64_t g = start; g < end; ++g) {
+      const int64_t first = g * kTileBlocks;
+      switch (std::min<int64_t>(kTileBlocks, n_blocks - first)) {
+        case 1: tile_blocks<1>(xp, m_blocks, rows, pairs, wp, first, bp, yp, width); break;
+        case 2: tile_blocks<2>(xp, m_blocks, rows, pairs, wp, first, bp, yp, width); break;
+        case 3: tile_blocks<3>(xp, m_blocks, rows, pairs, wp, first, bp, yp, width); break;
+        default: tile_blocks<4>(xp, m_blocks, rows, pairs, wp, first, bp, yp, width);
+      }
+    }
+    release_tiles();
+  });
+  if (width != out_features) y = y.narrow(1, 0, out_features).contiguous();
+  auto sizes = input.sizes().vec();
+  sizes.back() = out_features;
+  return y.view(sizes);
+}
+
+bool tiles() { return tiles_granted(); }
 
 // e^x for float32 lanes, x <= 0: 2^n e^r with n = round(x log2 e) and a degree-7 polynomial for e^r (Cephes'
 // expf). Lanes below -87 give 0 exactly (a masked key, or one that weighs less than float32 can hold).
@@ -498,6 +643,8 @@ void set_prefetch(at::IntArrayRef modes) {
 
 TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("linear_tiles(Tensor input, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  m.def("tiles() -> bool", &tiles);
   m.def("attend(Tensor query, Tensor keys, Tensor values, Tensor mask, int dv, float scaling) -> Tensor");
   m.def("attend_tokens(Tensor query, Tensor keys, Tensor values, Tensor rows, Tensor mask, int dv, float scaling) -> Tensor");
   m.def("set_prefetch(int[] modes) -> ()", &set_prefetch);
@@ -505,6 +652,7 @@ TORCH_LIBRARY(multispec_dpbf16, m) {
 
 TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
   m.impl("linear", &linear);
+  m.impl("linear_tiles", &linear_tiles);
   m.impl("attend", &attend);
   m.impl("attend_tokens", &attend_tokens);
 }

@@ -81,6 +81,7 @@ def _load() -> str | None:
     except Exception as e:  # noqa: BLE001 - a machine without a working compiler runs the other variants
         return f"its build failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
     torch.library.register_fake("multispec_dpbf16::linear")(_shape)
+    torch.library.register_fake("multispec_dpbf16::linear_tiles")(_shape)
     torch.library.register_fake("multispec_dpbf16::attend")(_attended)
     torch.library.register_fake("multispec_dpbf16::attend_tokens")(_attended_tokens)
     set_prefetch(_calibrated_prefetch(digest))
@@ -250,6 +251,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """x [..., K] bfloat16 -> [..., out_features] bfloat16: x times the weight `packed` was packed from (`pack`)."""
     return torch.ops.multispec_dpbf16.linear(x, packed, None if bias is None else bias.float(), out_features)
+
+
+def linear_tiles(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """`linear` on AMX tiles (`tiles_run`): the same packed weight and result shape; each row's output sums its
+    products in one order whatever the rows (not `linear`'s order), and up to 16 rows cost one pass over the
+    weight. Inputs in multiples of 32."""
+    return torch.ops.multispec_dpbf16.linear_tiles(x, packed, None if bias is None else bias.float(), out_features)
+
+
+def tiles_run() -> bool:
+    """Whether `linear_tiles` runs here: the kernel loaded, a CPU with AMX-BF16, and the tiles granted to this
+    process."""
+    if unavailable() is not None or not {"amx_bf16", "amx_tile"} <= machine.cpu_flags():
+        return False
+    return bool(torch.ops.multispec_dpbf16.tiles())
 
 
 def _forward(self, x):

@@ -1,11 +1,16 @@
-"""Linear maps on weights packed once for oneDNN (the CPU's matrix library), where this machine runs them faster.
+"""Linear maps on weights packed once, for oneDNN (the CPU's matrix library) or our AMX kernel, where this machine
+runs them faster.
 
 `torch.nn.functional.linear` hands oneDNN a plain weight, which it lays out again for its kernel at every call;
 a weight packed once at load skips that work. Whether packed runs faster depends on the machine (a kernel choice
 made on one host has inverted on another), so `pack` times both, here, on the model's own maps, and packs only
-where packed ran faster. Only the engine's eager steps use the packed weights (inside `active()`): transformers'
-own calls on the same model (the bench's `hf` peers) and compiled steps use the plain ones. The packed copies
-are kept beside the plain weights: the linear maps' memory doubles.
+where packed ran faster. On a CPU with AMX, a bfloat16 model's maps then race our tile kernel
+(`dpbf16.linear_tiles`) against that choice: oneDNN's few-row products there read the weights at well under the
+memory's speed, and the tile kernel computes up to 16 rows in one pass over them, each row's sums in one order
+whatever the rows (so a batched step needs no padding for batch invariance). Only the engine's eager steps use
+the packed weights (inside `active()`): transformers' own calls on the same model (the bench's `hf` peers) and
+compiled steps use the plain ones. The packed copies are kept beside the plain weights: the linear maps' memory
+doubles.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import weakref
 import torch
 
 from ..machine import instruction_sets, kernel_store_path, read_store, write_store_entry
+from . import dpbf16
 
 
 def hash_shapes(shapes) -> str:
@@ -33,8 +39,11 @@ GAIN = 0.95  # packed is kept where a pass over the model's linear maps takes at
 ROUNDS = 3
 _state = threading.local()
 _CHOICES: dict[tuple, tuple[bool, float, float]] = {}
-# module -> (the plain weight's data pointer and dtype when packed, the packed weight): kept off the module, so
-# that a copy of the model (deepcopy) or its weights moved or cast (`.to`) fall back to the plain weights
+_TILES: dict[tuple, tuple[bool, float, float]] = {}  # the tile kernel's race: (kept?, the other choice's s, tiles' s)
+ONEDNN, TILES = "onednn", "tiles"
+# module -> (the plain weight's data pointer and dtype when packed, the packed weight, ONEDNN or TILES): kept off
+# the module, so that a copy of the model (deepcopy) or its weights moved or cast (`.to`) fall back to the plain
+# weights
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -56,6 +65,8 @@ def is_active() -> bool:
 def _packed_forward(self, x):
     packed = packed_weight(self) if getattr(_state, "on", False) else None
     if packed is not None:
+        if _PACKED[self][2] == TILES:
+            return dpbf16.linear_tiles(x, packed, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
     return torch.nn.functional.linear(x, self.weight, self.bias)
 
@@ -64,6 +75,16 @@ def packed_weight(module) -> torch.Tensor | None:
     """The packed weight an eager step reads for `module`, if it is packed and its plain weight unchanged."""
     entry = _PACKED.get(module)
     return entry[1] if entry is not None and entry[0] == (module.weight.data_ptr(), module.weight.dtype) else None
+
+
+def packed_kind(module) -> str | None:
+    """ONEDNN or TILES: the kernel an eager step runs `module` on, or None for the plain weight."""
+    return _PACKED[module][2] if type(module) is torch.nn.Linear and packed_weight(module) is not None else None
+
+
+def tileable(module) -> bool:
+    """Whether our tile kernel takes this map here: bfloat16 on a CPU with AMX, inputs in multiples of 32."""
+    return dpbf16.eligible(module) and module.in_features % 32 == 0 and dpbf16.tiles_run()
 
 
 def _linears(model) -> list[torch.nn.Linear]:
@@ -139,6 +160,61 @@ def pack(model) -> tuple[bool, float, float]:
     if chosen[0]:  # (where the choice was remembered from another model of these shapes, packed only now)
         packed = packed or [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         for m, p in zip(found, packed, strict=True):
-            _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), p)
+            _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), p, ONEDNN)
             m.forward = types.MethodType(_packed_forward, m)
-    return chosen
+    tiled = _tiles(found, key, stored.replace("packed-linears", "tile-linears", 1))
+    return (True, *chosen[1:]) if tiled else chosen
+
+
+def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
+    """Race the tile kernel on the maps it takes against what `pack` left them on (one row each, ROUNDS
+    interleaved passes over every map); where it was faster, those maps run on it. Remembered like `pack`'s
+    choice, per build of the kernel."""
+    takes = [m for m in found if tileable(m)]
+    if not takes:
+        return False
+    stored += f"|dpbf16={dpbf16._digest()}"
+    if key not in _TILES:
+        saved = read_store(kernel_store_path()).get(stored)
+        if isinstance(saved, list) and len(saved) == 3:
+            _TILES[key] = (bool(saved[0]), float(saved[1]), float(saved[2]))
+    tiles = None
+    if key not in _TILES:
+        tiles = [dpbf16.pack(m.weight.detach()) for m in takes]
+        inputs = {
+            n: torch.randn(1, 1, n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+            for n in {m.in_features for m in found}
+        }
+
+        def before_pass():
+            with active():
+                for m in found:
+                    m(inputs[m.in_features])
+
+        def tiles_pass():
+            with active():
+                for m in found:
+                    if m not in tiled:
+                        m(inputs[m.in_features])
+            for m, t in zip(takes, tiles, strict=True):
+                dpbf16.linear_tiles(inputs[m.in_features], t, m.bias, m.out_features)
+
+        tiled = set(takes)
+        times: dict = {before_pass: [], tiles_pass: []}
+        for f in times:
+            f()
+        for _ in range(ROUNDS):
+            for f, t in times.items():
+                t0 = time.perf_counter()
+                f()
+                t.append(time.perf_counter() - t0)
+        before, fast = statistics.median(times[before_pass]), statistics.median(times[tiles_pass])
+        _TILES[key] = (fast <= GAIN * before, before, fast)
+        write_store_entry(kernel_store_path(), stored, list(_TILES[key]))
+    if not _TILES[key][0]:
+        return False
+    tiles = tiles or [dpbf16.pack(m.weight.detach()) for m in takes]
+    for m, t in zip(takes, tiles, strict=True):
+        _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, TILES)
+        m.forward = types.MethodType(_packed_forward, m)
+    return True

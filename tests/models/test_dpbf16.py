@@ -67,6 +67,37 @@ def test_a_rows_output_does_not_depend_on_the_rows_fed_with_it(kernel):
         assert torch.equal(dpbf16.linear(x[start : start + count], packed, None, 208), full[start : start + count])
 
 
+@pytest.fixture(scope="module")
+def tiles(kernel):
+    if not dpbf16.tiles_run():
+        pytest.skip("no AMX tiles here (a CPU with AMX-BF16 runs the tile kernel)")
+
+
+@pytest.mark.parametrize("outputs, inputs", [(40, 64), (576, 576), (1536, 576), (96, 1536), (50, 96)])
+def test_the_tile_kernel_gives_the_product_and_each_row_its_bits_whatever_the_rows(tiles, outputs, inputs):
+    # tiles of 16 rows (zero rows pad the last), four blocks of 16 outputs per item and a remainder of fewer
+    gen = torch.Generator().manual_seed(outputs + inputs)
+    weight = torch.randn(outputs, inputs, generator=gen).bfloat16()
+    bias = torch.randn(outputs, generator=gen).bfloat16()
+    packed = dpbf16.pack(weight)
+    for rows in (1, 5, 16, 17, 40):
+        x = torch.randn(rows, inputs, generator=gen).bfloat16()
+        out = dpbf16.linear_tiles(x, packed, bias, outputs)
+        assert out.shape == (rows, outputs) and out.dtype == torch.bfloat16
+        assert _close(out.float(), x.float(), weight.float(), bias.float())
+        alone = torch.cat([dpbf16.linear_tiles(x[i : i + 1], packed, bias, outputs) for i in range(rows)])
+        assert torch.equal(alone, out), rows
+    # the same check fails a weight packed with each pair's two halves swapped
+    assert not _close(
+        dpbf16.linear_tiles(x, packed.flip(-1).contiguous(), bias, outputs).float(),
+        x.float(),
+        weight.float(),
+        bias.float(),
+    )
+    with pytest.raises(RuntimeError, match="multiples of 32"):
+        dpbf16.linear_tiles(x[:, :48], dpbf16.pack(weight[:, :48]), None, outputs)
+
+
 @pytest.mark.parametrize("mode", dpbf16.PREFETCHES)
 def test_every_prefetch_gives_the_same_bits(kernel, mode):
     # a prefetch only asks for lines early: every mode gives mode none's bits, on every tile and thread split

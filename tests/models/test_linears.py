@@ -44,6 +44,7 @@ def test_packed_linear_maps_serve_eager_steps_only_and_keep_the_logits(dtype, mo
             linears._PACKED[m] = (
                 linears._PACKED[m][0],
                 torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(m.weight), 1),
+                linears.ONEDNN,
             )
     assert not torch.allclose(packed.forward(packed.new_cache(), ids), out_plain, atol=0.05)
     with torch.inference_mode(), static.stock_attention(plain.model, packed.model):
@@ -81,3 +82,29 @@ def test_linear_maps_stay_plain_where_packed_ran_no_faster_or_packing_is_switche
     fresh = tiny_llama(seed=7)
     fresh.forward(fresh.new_cache(), torch.tensor([PROMPT]))
     assert fresh.packed_linears is False
+
+
+def test_eager_bfloat16_steps_run_the_tile_kernel_where_it_won_its_race(monkeypatch, tmp_path):
+    # on a CPU with AMX the maps it takes race our tile kernel against oneDNN's choice; kept, eager steps read
+    # its weights (zeroed, the logits change), and a row's logits no longer depend on the rows fed with it
+    from multispec.models import dpbf16, linears
+
+    if not dpbf16.tiles_run():
+        pytest.skip("no AMX tiles here")
+    store = tmp_path / "kernels.json"
+    monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "_TILES", {})
+    monkeypatch.setattr(linears, "kernel_store_path", lambda: store)
+    monkeypatch.setattr(linears, "GAIN", float("inf"))  # kept whatever the timing said
+    plain, tiled = _bf16_llama(), _bf16_llama()
+    plain.packed_linears = False
+    ids = torch.tensor([PROMPT])
+    out_plain = plain.forward(plain.new_cache(), ids)
+    out_tiled = tiled.forward(tiled.new_cache(), ids)
+    maps = [m for m in tiled.model.modules() if type(m) is torch.nn.Linear]
+    assert all(linears.packed_kind(m) == linears.TILES for m in maps) and "tile-linears" in store.read_text()
+    assert torch.allclose(out_tiled, out_plain, atol=0.05)
+    assert tiled.batch_rows == 1  # measured: the bits of a row do not change with the rows fed with it
+    for m in maps:
+        linears._PACKED[m] = (linears._PACKED[m][0], dpbf16.pack(torch.zeros_like(m.weight)), linears.TILES)
+    assert not torch.allclose(tiled.forward(tiled.new_cache(), ids), out_plain, atol=0.05)
