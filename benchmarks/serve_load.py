@@ -10,9 +10,10 @@ latency (p50, p99) per method and concurrency.
 turns taken in turn from each; client c's request r gets prompt c * R + r. Greedy unless `--temperature`.
 `--server-arg` passes an option to `multispec serve` (`--server-arg=--batch-rows=1`: one request at a time).
 `--baseline`: after the server has stopped (never two torch jobs at once), transformers as it ships, on the
-default target in the server's dtype, for every C: its `generate` over the C clients' first prompts in one
+default target in the server's dtype (or `--baseline-dtype`), for every C: its `generate` over the C clients' first prompts in one
 left-padded batch, and its continuous batching (`generate_batch`) over all C x R prompts; greedy, the same chat
 template, `max_tokens` new tokens each (no early stop): the aggregate tokens/s to compare the server's with.
+`--device cuda`: the server and transformers on a GPU (transformers in bfloat16).
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--server-arg", action="append", default=[], help="an option for `multispec serve`")
     ap.add_argument("--baseline", action="store_true", help="also time transformers' batched generate")
+    ap.add_argument(
+        "--baseline-dtype", default=None, help="transformers' dtype (default: the server's; on CUDA bfloat16)"
+    )
     ap.add_argument("--device", default=None, help="the server's and the baseline's device (cuda: bfloat16)")
     args = ap.parse_args()
     counts = [int(c) for c in str(args.clients).split(",")]
@@ -216,12 +220,16 @@ def main() -> int:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
     if args.baseline:
-        report["transformers"] = baseline(counts, args.requests, args.max_tokens, prompts, args.device or "cpu")
+        report["transformers"] = baseline(
+            counts, args.requests, args.max_tokens, prompts, args.device or "cpu", args.baseline_dtype
+        )
         (out / "load.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
-def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[str], device: str) -> list[dict]:
+def baseline(
+    counts: list[int], requests: int, max_tokens: int, prompts: list[str], device: str, dtype: str | None = None
+) -> list[dict]:
     """transformers as it ships on the default target, for each client count C (module note), each timed after
     one warm-up call."""
     import torch
@@ -232,7 +240,10 @@ def baseline(counts: list[int], requests: int, max_tokens: int, prompts: list[st
 
     path = converted_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    dtype = torch.bfloat16 if device.startswith("cuda") else default_dtype()
+    if dtype is not None:
+        dtype = getattr(torch, dtype)
+    else:
+        dtype = torch.bfloat16 if device.startswith("cuda") else default_dtype()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
     def chat(text: str) -> str:
