@@ -10,9 +10,10 @@ latency (p50, p99) per method and concurrency.
 turns taken in turn from each; client c's request r gets prompt c * R + r. Greedy unless `--temperature`.
 `--server-arg` passes an option to `multispec serve` (`--server-arg=--batch-rows=1`: one request at a time).
 `--baseline`: after the server has stopped (never two torch jobs at once), transformers as it ships, on the
-default target in the server's dtype (or `--baseline-dtype`), for every C: its `generate` over the C clients' first prompts in one
-left-padded batch, and its continuous batching (`generate_batch`) over all C x R prompts; greedy, the same chat
-template, `max_tokens` new tokens each (no early stop): the aggregate tokens/s to compare the server's with.
+default target in the server's dtype (or `--baseline-dtype`), for every C: its `generate` over the C clients'
+first prompts in one left-padded batch, and its continuous batching (`generate_batch`) over all C x R prompts;
+greedy, the same chat template, `max_tokens` new tokens each (no early stop): the aggregate tokens/s to compare
+the server's with.
 `--device cuda`: the server and transformers on a GPU (transformers in bfloat16).
 """
 
