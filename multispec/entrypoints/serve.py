@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -254,7 +255,10 @@ class Server:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         limits: Limits | None = None,
         batch_rows: int = 8,
+        driven: bool = False,
     ):
+        """`driven`: the models' work (every forward) waits for `drive()`, called from the main thread (`serve`
+        does; see `Batcher.drive` for why); otherwise it runs on threads of its own."""
         self.limits = limits = limits or Limits()
         self.draft_vocabs: set[int] = set()  # the draft_vocab sizes requests have asked for (at most draft_vocabs)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
@@ -279,10 +283,21 @@ class Server:
 
             capacity = min(MAX_BATCH_CAPACITY, limits.prompt_tokens + limits.max_tokens + limits.tree_nodes)
             self.batcher = Batcher(
-                pair.target, pair.draft, rows=batch_rows, capacity=capacity, tokenizer_lock=self.tokenizer_lock
+                pair.target,
+                pair.draft,
+                rows=batch_rows,
+                capacity=capacity,
+                tokenizer_lock=self.tokenizer_lock,
+                scheduler=not driven,
             )
         self.rows = batch_rows if self.batcher is not None else 1
-        self.executor = ThreadPoolExecutor(self.rows, thread_name_prefix="multispec-generate")
+        # a batch's rows run on threads (their forwards on the batch's scheduler); one sequence at a time runs on
+        # the driving thread where the server is driven
+        self.executor = (
+            MainThreadExecutor()
+            if driven and self.batcher is None
+            else ThreadPoolExecutor(self.rows, thread_name_prefix="multispec-generate")
+        )
         self.in_flight = 0  # queued or running
         self.created = int(time.time())
         self.metrics = Metrics()
@@ -844,10 +859,69 @@ class Server:
             **self.default_params,
         )
 
+    def drive(self) -> None:
+        """Run the models' work in this thread until `stop()` (a server made with driven=True)."""
+        if self.batcher is not None:
+            self.batcher.drive()
+        else:
+            self.executor.drive()
+
+    def stop(self) -> None:
+        """`drive()` returns once the work under way has ended (from any thread)."""
+        if self.batcher is not None:
+            self.batcher.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
         if self.batcher is not None:
             self.batcher.close()
+
+
+class MainThreadExecutor(Executor):
+    """An executor whose work runs, one piece at a time, on the thread that calls `drive` (the main thread:
+    see `Batcher.drive`)."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopped = False
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        if self._stopped:
+            raise RuntimeError("the server is stopping")
+        future: Future = Future()
+        self._jobs.put((future, fn, args, kwargs))
+        return future
+
+    def drive(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.5)  # (a timeout, so that Ctrl-C is seen while idle)
+            except queue.Empty:
+                if self._stopped:
+                    return
+                continue
+            if job is None:
+                return
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except Exception as e:  # noqa: BLE001 - the request's own error, reported to it
+                future.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._stopped = True
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        self._jobs.put(None)
 
 
 def _sse(obj: dict) -> str:
@@ -899,12 +973,37 @@ def _message(m, i: int) -> dict:
     return {"role": role, "content": content}
 
 
-def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Warm the server up and run it until interrupted (uvicorn)."""
+def serve(server: Server, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+    """Warm the server up and run it until interrupted (Ctrl-C, SIGTERM): HTTP (uvicorn) on a thread, the
+    models' work on this one (a server made with driven=True, called from the main thread). Returns 0, or 1
+    where the HTTP server did not start (the port taken)."""
+    import signal
+
     import uvicorn
 
     server.warm_up()
+    web = uvicorn.Server(uvicorn.Config(server.app, host=host, port=port, log_level=log_level))
+    http = threading.Thread(target=web.run, name="multispec-http", daemon=True)
+
+    def stopped_serving():
+        http.join()
+        server.stop()
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # both, as uvicorn does on the main thread (a shell starts a background job with SIGINT ignored)
+    before = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http.start()
+    threading.Thread(target=stopped_serving, name="multispec-http-watch", daemon=True).start()
     try:
-        uvicorn.run(server.app, host=host, port=port, log_level=log_level)
+        server.drive()
+    except KeyboardInterrupt:
+        pass
     finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        web.should_exit = True
+        http.join(timeout=30)
         server.close()
+    return 0 if web.started else 1

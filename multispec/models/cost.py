@@ -129,14 +129,24 @@ _COSTS: dict[str, ForwardCost] = {}
 _MEASURED_HERE: set[str] = set()  # keys of the curves measured in this process (not read from the folder)
 
 
-def cost_key(model: LanguageModel, masked: bool = False, batch_invariant: bool = True, kernels: bool = True) -> str:
+def cost_key(
+    model: LanguageModel,
+    masked: bool = False,
+    batch_invariant: bool = True,
+    kernels: bool = True,
+    batched: bool = False,
+) -> str:
     """The key of a model's measured costs on this machine. `kernels=False`: without the compiled step's kernel
-    set, for the kernel choices themselves (kept per shape when a variant joins, see `CompiledSteps._untried`)."""
+    set, for the kernel choices themselves (kept per shape when a variant joins, see `CompiledSteps._untried`).
+    `batched`: of its batched steps (`forward_rows`), which run eagerly whether or not the model is compiled."""
     dtype = getattr(model, "dtype", None)
     engine = (
         "compiled" if getattr(model, "compile", False) else "static" if getattr(model, "static", False) else "eager"
     )
-    if engine == "static" and getattr(model, "eager_packed", lambda: False)():
+    if batched:
+        engine = "static"
+    packed = getattr(model, "rows_packed" if batched else "eager_packed", lambda: False)
+    if engine == "static" and packed():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
         inner = getattr(model, "model", None)
         if inner is not None and any(linears.packed_kind(m) == linears.TILES for m in inner.modules()):
@@ -306,7 +316,7 @@ def batch_forward_cost(model, batch_invariant: bool = True) -> ForwardCost:
     measured once per model and machine (about ten forwards per shape, seconds), kept like `forward_cost`.
     A batch's step costs more than one sequence's forward over as many tokens (another layout of the same
     products, a mask per row), so the batch's draft length is priced from this curve, not from T(k, c)."""
-    key = cost_key(model, batch_invariant=batch_invariant) + "|batch"
+    key = cost_key(model, batch_invariant=batch_invariant, batched=True) + "|batch"
     tokens = tuple(rows * width for rows, width in BATCH_SHAPES)
     if key in _COSTS:
         return _COSTS[key]

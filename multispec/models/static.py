@@ -69,7 +69,16 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if packed is not None and keys_all is not None:
         sliding = attention_mask.shape[-1] == 2  # the layer's kind (`HFModel._packed_masks`)
         out = attend_packed(
-            query, key, value, keys_all[layer], kwargs["ms_values"][layer], packed, sliding, float(scaling), softcap
+            query,
+            key,
+            value,
+            keys_all[layer],
+            kwargs["ms_values"][layer],
+            packed,
+            sliding,
+            float(scaling),
+            softcap,
+            kernel=bool(kwargs.get("ms_kernel")),
         )
         return out, None
     if keys_all is not None:
@@ -103,18 +112,32 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
                 enable_gqa=True,
             )
             if fused < query.shape[2]:
-                rest = attend(
-                    query[:, :, fused:],
-                    keys[:, :, :width],
-                    values[:, :, : whole_blocks(width)],
-                    attention_mask[:, :, fused:],
-                    float(scaling),
-                    0.0,
-                    split,
-                )
+                if kwargs.get("ms_kernel"):
+                    rest = dpbf16.attend(
+                        query[:, :, fused:],
+                        keys,
+                        values,
+                        attention_mask[:, :, fused:].float(),
+                        value.shape[-1],
+                        float(scaling),
+                    )
+                else:
+                    rest = attend(
+                        query[:, :, fused:],
+                        keys[:, :, :width],
+                        values[:, :, : whole_blocks(width)],
+                        attention_mask[:, :, fused:],
+                        float(scaling),
+                        0.0,
+                        split,
+                    )
                 head = torch.cat([head, rest], 2)
             return head.transpose(1, 2), None
-        if kwargs.get("ms_exact") and not softcap and dpbf16.attends(query.shape[-1], value.shape[-1]):
+        if (
+            (kwargs.get("ms_exact") or kwargs.get("ms_kernel"))
+            and not softcap
+            and dpbf16.attends(query.shape[-1], value.shape[-1])
+        ):
             # the batch-invariant compiled step on our kernels (`HFModel`, `hf.INVARIANT_DPBF16`): one pass per
             # query row, sums in a fixed order, invariant to rows and to a tree's layout without splits
             out = dpbf16.attend(query, keys, values, attention_mask.float(), value.shape[-1], float(scaling))
@@ -139,21 +162,38 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return attend(query, k, v, attention_mask, float(scaling), float(softcap or 0.0), split).transpose(1, 2), None
 
 
-def attend_packed(query, key, value, keys, values, packed, sliding: bool, scaling: float, softcap) -> torch.Tensor:
+def attend_packed(
+    query, key, value, keys, values, packed, sliding: bool, scaling: float, softcap, kernel: bool = False
+) -> torch.Tensor:
     """Attention of a packed step (`hf.inputs.PackedStep`): query [1, Hq, T, d], key / value [1, Hkv, T, d] of
     every row's new tokens in one sequence. Writes each token's entry into its row and slot of the batch buffers
-    keys / values [R, Hkv, C, ...], then attends group by group, each row over its own cache row, through
-    `attend` (so a row's output does not depend on the other rows, their number or widths). Returns
-    [1, T, Hq, dv]; the padding tokens' outputs are zeros."""
+    keys / values [R, Hkv, C, ...], then attends each row over its own cache row (so a row's output does not
+    depend on the other rows, their number or widths): with `kernel` (`HFModel.kernel_attention`), every token
+    in one call of `dpbf16.attend_tokens`, else group by group through `attend`. Returns [1, T, Hq, dv]; the
+    padding tokens' outputs are zeros (or, with `kernel`, unused numbers)."""
     device = keys.device  # (a model spread over devices: each layer's buffers are on its own)
     rows, slots = packed.token_rows.to(device), packed.token_slots.to(device)
     keys[rows, :, slots] = key[0].transpose(0, 1).to(keys.dtype)
     values[rows, :, slots] = with_ones(value[0], values.dtype).transpose(0, 1)
     hq, t, _ = query.shape[1:]
-    if by_tokens(query, value, keys, sliding, softcap):
-        # every token in one call of our kernel over its own row: no group's gathered copy of the rows
+    if kernel and not sliding and not softcap:
+        # every token in one call of our kernel over its own row (no group's gathered copy of the rows), with the
+        # bits `dpbf16.attend` gives a sequence's step alone
         mask = packed.token_masks()
-        return dpbf16.attend_tokens(query[0].transpose(0, 1), keys, values, rows, mask, value.shape[-1], scaling)[None]
+        out = dpbf16.attend_tokens(query[0].transpose(0, 1), keys, values, rows, mask, value.shape[-1], scaling)
+        for group in packed.groups:
+            if group.fused:  # a prompt's first tokens, as a sequence's prompt alone attends them (`attention`)
+                first = group.index[0, : group.fused].to(device)
+                head = torch.nn.functional.scaled_dot_product_attention(
+                    query[:, :, first],
+                    key[:, :, first],
+                    value[:, :, first],
+                    is_causal=True,
+                    scale=scaling,
+                    enable_gqa=True,
+                )
+                out[first] = head[0].transpose(0, 1).to(out.dtype)
+        return out[None]
     out = query.new_zeros(hq, t, value.shape[-1])
     for group in packed.groups:
         masks = group.masks
@@ -196,20 +236,6 @@ def attend_packed(query, key, value, keys, values, packed, sliding: bool, scalin
         got = got.transpose(0, 1).reshape(hq, g * w, -1)  # [Hq, g * w, dv]
         out.index_copy_(1, group.tokens.to(device), got.index_select(1, group.fill.to(device)).to(out.dtype))
     return out.transpose(0, 1)[None]
-
-
-def by_tokens(query, value, keys, sliding: bool, softcap) -> bool:
-    """Whether a packed step attends token by token on our kernel (`dpbf16.attend_tokens`): bfloat16 on a CPU
-    where the kernel runs, heads it takes, no sliding window nor soft cap. Elsewhere attention goes group by
-    group (float32 keeps the bits of a sequence's steps alone, `HFModel.forward`)."""
-    return (
-        query.dtype == torch.bfloat16
-        and keys.is_cpu
-        and not sliding
-        and not softcap
-        and dpbf16.attends_tokens(query.shape[-1], value.shape[-1])
-        and dpbf16.unavailable() is None
-    )
 
 
 def attend_traced(query, keys, values, mask, scaling: float, softcap: float) -> torch.Tensor:

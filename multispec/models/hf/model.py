@@ -117,17 +117,48 @@ class HFModel(LanguageModel):
         # (`linears.pack`, decided at the first eager step; None until then)
         self.packed_linears: bool | None = None
         self._batch_rows: int | None = None
+        self._kernel_attention: bool | None = None
 
     def eager_packed(self) -> bool:
-        """Whether eager static steps run packed linear maps (decided, by timing, on first asking)."""
+        """Whether eager static steps run packed linear maps (decided, by timing, on first asking; a compiled
+        model's eager steps, its fall-backs, run the plain ones)."""
+        return not self.compile and self.rows_packed()
+
+    def rows_packed(self) -> bool:
+        """Whether batched steps (`forward_rows`, eager whether or not the model is compiled) run packed linear
+        maps (decided, by timing, on first asking)."""
         if self.packed_linears is None:
-            why = linears.packable(self.model) if self.static and not self.compile else "not eager static steps"
+            why = linears.packable(self.model) if self.static else "no static cache"
             self.packed_linears = why is None and linears.pack(self.model)[0]
         return self.packed_linears
+
+    def kernel_attention(self) -> bool:
+        """Whether eager steps, single or batched, attend through our kernel (`dpbf16.attend`, and
+        `dpbf16.attend_tokens` in a batch: the same bits for a row): bfloat16 on a CPU where it runs, heads it
+        takes, no sliding window. Its sums keep one order whatever the rows and a tree's layout (so no padded
+        query rows, no float64 tail), and a sequence gets the same logits alone and in a batch."""
+        if self._kernel_attention is None:
+            cfg = self.model.config
+            heads = getattr(cfg, "num_attention_heads", 0) or 1
+            head = getattr(cfg, "head_dim", None) or getattr(cfg, "hidden_size", 0) // heads
+            self._kernel_attention = (
+                self.static
+                and self.dtype == torch.bfloat16
+                and self.device.type == "cpu"
+                and not self.sliding_window
+                and not getattr(cfg, "attn_logit_softcapping", None)
+                and dpbf16.attends_tokens(head, head)
+                and dpbf16.unavailable() is None
+            )
+        return self._kernel_attention
 
     def _eager_kernels(self):
         """The context eager static steps run in: packed linear maps where `linears.pack` chose them."""
         return linears.active() if self.eager_packed() else contextlib.nullcontext()
+
+    def _row_kernels(self):
+        """The context batched steps run in: packed linear maps where `linears.pack` chose them."""
+        return linears.active() if self.rows_packed() else contextlib.nullcontext()
 
     @property
     def min_rows(self) -> int:
@@ -408,7 +439,10 @@ class HFModel(LanguageModel):
         # values are summed so that a tree's layout does not change them (`static.splits`)
         reduced = self.dtype in (torch.bfloat16, torch.float16)
         cpu = self.device.type == "cpu"
-        split = static.splits(inputs.positions[:, fused:]) if batch_invariant and reduced and cpu else None
+        kernel = self.kernel_attention()
+        split = None
+        if batch_invariant and reduced and cpu and not kernel:
+            split = static.splits(inputs.positions[:, fused:])
         with self._eager_kernels():
             logits = self.step(
                 inputs.ids,
@@ -420,6 +454,7 @@ class HFModel(LanguageModel):
                 keep + inputs.width - n,
                 fused,
                 split,
+                kernel=kernel,
             )
         cache.length = past + n
         return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
@@ -489,7 +524,7 @@ class HFModel(LanguageModel):
         steps are not padded either (`min_rows` 1: float32): a step of one token of one row runs unpadded, as
         `generate` runs it, so that a lone request is not charged for the batch it is not in."""
         if self._batch_rows is None:
-            with self._eager_kernels():
+            with self._row_kernels():
                 self._batch_rows = invariant_rows(self.model)
         return self._batch_rows
 
@@ -554,7 +589,7 @@ class HFModel(LanguageModel):
         fewest = self.batch_entries(index.numel())
         if index.numel() < fewest:
             index = torch.cat([index, index[-1:].expand(fewest - index.numel())])
-        with self._eager_kernels():
+        with self._row_kernels():
             logits = self.step(
                 step.ids,
                 step.positions,
@@ -564,6 +599,7 @@ class HFModel(LanguageModel):
                 [v[:rows] for v in cache.values],
                 index.to(self.device),
                 packed=step,
+                kernel=self.kernel_attention(),
             )[0]
         out, at = [], 0
         for (_, kv, *_), (_, _, tokens, *_), k in zip(feeds, given, kept, strict=True):
@@ -624,8 +660,11 @@ class HFModel(LanguageModel):
         split=None,
         exact=False,
         packed=None,
+        kernel=False,
     ):
         extra = {"ms_fused": fused} if fused else {}
+        if kernel:
+            extra["ms_kernel"] = True
         if packed is not None:
             extra["ms_packed"] = packed
         if split is not None:
