@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .machine import one_thread_here
 from .models.base import LanguageModel
 from .models.static import RowKV
 
@@ -371,6 +372,8 @@ class Batcher:
         from .api import DEFAULT_METHOD, _prompt_ids, generate
         from .params import parse_method
 
+        if threading.current_thread() not in (threading.main_thread(), self._thread):
+            one_thread_here()  # a row's own tensor work stays on its thread (see there)
         method = method or DEFAULT_METHOD
         if isinstance(prompt, str):  # the token ids now, under the lock: the others' threads use the tokenizer too
             with self.tokenizer_lock:

@@ -3,10 +3,12 @@ kept (cost curves, compiled-kernel choices, compiled packages). The ground floor
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -93,3 +95,38 @@ def write_store_entry(path: Path, key: str, entry) -> None:
         path.write_text(json.dumps(data, indent=1))
     except OSError:
         pass
+
+
+_ONE_THREAD = threading.local()
+
+
+def one_thread_here() -> None:
+    """From now on, torch's CPU operators called from this thread run on it alone (OpenMP's setting for this
+    thread only; the others keep theirs). For threads that do little tensor work beside the thread that runs the
+    models (a batch's rows): under GNU OpenMP, one parallel region begun on such a thread leaves a team of
+    workers that outnumber the cores, after which every region of every thread wakes its workers from sleep.
+    On a 2-core host, one row thread's region made the main thread's steps take twice as long. A no-op where
+    torch's OpenMP is not GNU's, or where it cannot be found."""
+    if getattr(_ONE_THREAD, "done", False):
+        return
+    _ONE_THREAD.done = True
+    library = _openmp()
+    if library is not None:
+        torch.get_num_threads()  # torch sets this thread's OpenMP threads on its first use: before ours
+        library.omp_set_num_threads(1)
+
+
+@functools.cache
+def _openmp():
+    """The GNU OpenMP library loaded in this process (torch's own copy), or None."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = sorted({line.split()[-1] for line in f if "libgomp" in line and "/" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
