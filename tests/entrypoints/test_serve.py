@@ -521,3 +521,55 @@ def test_a_server_drafting_with_a_feature_level_head_answers_as_greedy_ar(defaul
             assert out.spec_decode["num_draft_tokens"] > 0
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("batch_rows", [1, 4])
+def test_serve_runs_the_models_on_the_main_thread_and_stops_on_a_signal(default_pair, batch_rows):
+    # `multispec serve`: HTTP on a thread, every forward on the calling (main) thread, which a SIGINT stops
+    import signal
+
+    from multispec.entrypoints.serve import Server, serve
+
+    assert threading.current_thread() is threading.main_thread()
+    server = Server(default_pair, batch_rows=batch_rows, driven=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    threads, answers, errors = [], [], []
+    forward = type(default_pair.target).forward_rows if batch_rows > 1 else type(default_pair.target).forward
+
+    def watched(self, *a, **k):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return forward(self, *a, **k)
+
+    def client():
+        try:
+            deadline = time.time() + 60
+            while True:
+                try:
+                    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+                    out = c.chat.completions.create(
+                        model="multispec", messages=[{"role": "user", "content": PROMPT}], max_tokens=6, temperature=0
+                    )
+                    answers.append(out.choices[0].message.content)
+                    break
+                except openai.APIConnectionError:
+                    assert time.time() < deadline, "the server did not start"
+                    time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    name = "forward_rows" if batch_rows > 1 else "forward"
+    original = getattr(type(default_pair.target), name)
+    setattr(type(default_pair.target), name, watched)
+    try:
+        t = threading.Thread(target=client)
+        t.start()
+        assert serve(server, port=port, log_level="warning") == 0
+        t.join(30)
+    finally:
+        setattr(type(default_pair.target), name, original)
+    assert not errors and answers and answers[0]
+    assert threads and all(threads)  # every forward of the request ran on the main thread
