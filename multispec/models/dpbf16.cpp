@@ -93,17 +93,22 @@ void all_blocks(const uint32_t* x, int64_t rows, int64_t pairs, const uint16_t* 
     blocks<1, kNone>(x, rows, pairs, packed, i, bias, y, ldy, false);
 }
 
+// the checks `linear` and `linear_tiles` share (`name`: the operator's, for the messages)
+void check_product(const char* name, const at::Tensor& input, const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, name,
+              " takes bfloat16 inputs and weights");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kColumns && packed.size(3) == 2 && packed.is_contiguous(), name,
+              ": the weight must be packed by multispec.models.dpbf16.pack");
+  TORCH_CHECK(input.size(-1) == 2 * packed.size(1), name, ": the input has ", input.size(-1),
+              " features, the packed weight ", 2 * packed.size(1));
+  TORCH_CHECK(out_features <= packed.size(0) * kColumns, name, ": more outputs than the weight has");
+}
+
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                   int64_t out_features) {
-  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
-              "multispec_dpbf16::linear takes bfloat16 inputs and weights");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kColumns && packed.size(3) == 2 && packed.is_contiguous(),
-              "multispec_dpbf16::linear: the weight must be packed by multispec.models.dpbf16.pack");
+  check_product("multispec_dpbf16::linear", input, packed, out_features);
   const int64_t in_features = input.size(-1);
-  TORCH_CHECK(in_features == 2 * packed.size(1), "multispec_dpbf16::linear: the input has ", in_features,
-              " features, the packed weight ", 2 * packed.size(1));
   const int64_t n_blocks = packed.size(0);
-  TORCH_CHECK(out_features <= n_blocks * kColumns, "multispec_dpbf16::linear: more outputs than the weight has");
   const at::Tensor x = input.reshape({-1, in_features}).contiguous();
   const int64_t rows = x.size(0);
   const int64_t width = n_blocks * kColumns;
@@ -216,17 +221,11 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16"))) void tile_blocks
 
 at::Tensor linear_tiles(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                         int64_t out_features) {
-  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
-              "multispec_dpbf16::linear_tiles takes bfloat16 inputs and weights");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kColumns && packed.size(3) == 2 && packed.is_contiguous(),
-              "multispec_dpbf16::linear_tiles: the weight must be packed by multispec.models.dpbf16.pack");
+  check_product("multispec_dpbf16::linear_tiles", input, packed, out_features);
   const int64_t in_features = input.size(-1);
-  TORCH_CHECK(in_features == 2 * packed.size(1), "multispec_dpbf16::linear_tiles: the input has ", in_features,
-              " features, the packed weight ", 2 * packed.size(1));
   TORCH_CHECK(in_features % 32 == 0, "multispec_dpbf16::linear_tiles: inputs must come in multiples of 32");
   TORCH_CHECK(tiles_granted(), "multispec_dpbf16::linear_tiles: this process may not use AMX tiles");
   const int64_t n_blocks = packed.size(0);
-  TORCH_CHECK(out_features <= n_blocks * kColumns, "multispec_dpbf16::linear_tiles: more outputs than the weight has");
   at::Tensor x = input.reshape({-1, in_features}).contiguous();
   const int64_t rows = x.size(0), m_blocks = (rows + 15) / 16;
   if (rows % 16 != 0) {  // zero rows up to a whole tile (plain copies: a padding operator cost 10 us a call)

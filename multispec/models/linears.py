@@ -145,15 +145,7 @@ def pack(model) -> tuple[bool, float, float]:
             for p, w, b in zip(packed, weights, bias, strict=True):
                 torch.ops.mkldnn._linear_pointwise(inputs[w.shape[1]], p, b, "none", [], "")
 
-        times = {plain_pass: [], packed_pass: []}
-        for f in times:  # one warm-up each
-            f()
-        for _ in range(ROUNDS):
-            for f, t in times.items():
-                t0 = time.perf_counter()
-                f()
-                t.append(time.perf_counter() - t0)
-        plain, fast = statistics.median(times[plain_pass]), statistics.median(times[packed_pass])
+        plain, fast = _race(plain_pass, packed_pass)
         _CHOICES[key] = (fast <= GAIN * plain, plain, fast)
         write_store_entry(kernel_store_path(), stored, list(_CHOICES[key]))
     chosen = _CHOICES[key]
@@ -200,15 +192,7 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
                 dpbf16.linear_tiles(inputs[m.in_features], t, m.bias, m.out_features)
 
         tiled = set(takes)
-        times: dict = {before_pass: [], tiles_pass: []}
-        for f in times:
-            f()
-        for _ in range(ROUNDS):
-            for f, t in times.items():
-                t0 = time.perf_counter()
-                f()
-                t.append(time.perf_counter() - t0)
-        before, fast = statistics.median(times[before_pass]), statistics.median(times[tiles_pass])
+        before, fast = _race(before_pass, tiles_pass)
         _TILES[key] = (fast <= GAIN * before, before, fast)
         write_store_entry(kernel_store_path(), stored, list(_TILES[key]))
     if not _TILES[key][0]:
@@ -218,3 +202,16 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
         _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, TILES)
         m.forward = types.MethodType(_packed_forward, m)
     return True
+
+
+def _race(first, second) -> tuple[float, float]:
+    """The median seconds of `first()` and of `second()` over ROUNDS interleaved rounds, after one warm-up each."""
+    times: dict = {first: [], second: []}
+    for f in times:
+        f()
+    for _ in range(ROUNDS):
+        for f, t in times.items():
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+    return statistics.median(times[first]), statistics.median(times[second])
