@@ -104,6 +104,22 @@ void check_product(const char* name, const at::Tensor& input, const at::Tensor& 
   TORCH_CHECK(out_features <= packed.size(0) * kColumns, name, ": more outputs than the weight has");
 }
 
+// a bias as float32 over every column of the packed blocks (zeros past `out_features`), or undefined for none
+at::Tensor widened_bias(const c10::optional<at::Tensor>& bias, int64_t width, int64_t out_features) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  at::Tensor b = at::zeros({width}, bias->options().dtype(at::kFloat));
+  b.narrow(0, 0, out_features).copy_(*bias);
+  return b;
+}
+
+// y [rows, blocks * 16] -> the input's shape with `out_features` last (the padding columns dropped)
+at::Tensor shaped_output(at::Tensor y, const at::Tensor& input, int64_t out_features) {
+  if (y.size(1) != out_features) y = y.narrow(1, 0, out_features).contiguous();
+  auto sizes = input.sizes().vec();
+  sizes.back() = out_features;
+  return y.view(sizes);
+}
+
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                   int64_t out_features) {
   check_product("multispec_dpbf16::linear", input, packed, out_features);
@@ -113,11 +129,7 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   const int64_t rows = x.size(0);
   const int64_t width = n_blocks * kColumns;
   at::Tensor y = at::empty({rows, width}, x.options());
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = at::zeros({width}, x.options().dtype(at::kFloat));
-    b.narrow(0, 0, out_features).copy_(*bias);
-  }
+  const at::Tensor b = widened_bias(bias, width, out_features);
   const auto* xp = reinterpret_cast<const uint32_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
@@ -128,10 +140,7 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
     case kAhead: all_blocks<kAhead>(xp, rows, pairs, wp, n_blocks, bp, yp, width); break;
     default: all_blocks<kNone>(xp, rows, pairs, wp, n_blocks, bp, yp, width);
   }
-  if (width != out_features) y = y.narrow(1, 0, out_features).contiguous();
-  auto sizes = input.sizes().vec();
-  sizes.back() = out_features;
-  return y.view(sizes);
+  return shaped_output(y, input, out_features);
 }
 
 // The same product on AMX tiles (CPUs with AMX-BF16), from the same packed weight: a block's 16 pairs of K make
@@ -238,11 +247,7 @@ at::Tensor linear_tiles(const at::Tensor& input, const at::Tensor& packed, const
   }
   const int64_t width = n_blocks * kColumns;
   at::Tensor y = at::empty({rows, width}, x.options());
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = at::zeros({width}, x.options().dtype(at::kFloat));
-    b.narrow(0, 0, out_features).copy_(*bias);
-  }
+  const at::Tensor b = widened_bias(bias, width, out_features);
   const auto* xp = x.data_ptr<at::BFloat16>();
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
@@ -261,10 +266,7 @@ at::Tensor linear_tiles(const at::Tensor& input, const at::Tensor& packed, const
     }
     release_tiles();
   });
-  if (width != out_features) y = y.narrow(1, 0, out_features).contiguous();
-  auto sizes = input.sizes().vec();
-  sizes.back() = out_features;
-  return y.view(sizes);
+  return shaped_output(y, input, out_features);
 }
 
 bool tiles() { return tiles_granted(); }
