@@ -14,9 +14,9 @@ the matrix products sum alike, `HFModel.batch_rows`; a prompt is cut into chunks
 else runs). So a sequence decoded in a batch gets the tokens it gets decoded in a batch of one, whatever else
 runs (`tests/test_batching.py`).
 
-Methods that hold several hypotheses in several cache rows (beam search and its kin, `batch-sd`, trees scored one
-row per path) run alone: the scheduler runs such a generation whole between two batched forwards.
-"""
+Methods that hold several hypotheses in several cache rows (beam search and its kin, trees scored one row per
+path) run alone: the scheduler runs such a generation whole between two batched forwards (`ONE_ROW` lists those
+that batch)."""
 
 from __future__ import annotations
 
@@ -378,9 +378,10 @@ class Batcher:
         if isinstance(prompt, str):  # the token ids now, under the lock: the others' threads use the tokenizer too
             with self.tokenizer_lock:
                 prompt = _prompt_ids(self.models["target"], prompt, kwargs.pop("chat", True))
-        # a row holds the prompt, the output and one iteration's drafts; a request that may need more runs alone
-        room = len(prompt) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
-        if self.batched and (not _one_row(*parse_method(method), kwargs) or room > self.capacity):
+        # a row holds the prompt, the output and one iteration's entries; a request that may need more runs alone
+        iteration = iteration_entries(*parse_method(method), kwargs)
+        room = len(prompt) + kwargs.get("max_new_tokens", 128) + (iteration or 0)
+        if self.batched and (iteration is None or room > self.capacity):
             return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
         asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))
@@ -799,7 +800,7 @@ def generate_batch(
         None if seed is None else seed + len(ids) - 1,
     )
     rows = min(len(ids), rows or MAX_BATCH)
-    capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + PROMPT_TOKENS
+    capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + (iteration_entries(name, given, kwargs) or 0)
     # the forwards run on this thread (the main one, usually: `Batcher.drive`), the rows' logic on a pool
     batcher = Batcher(target, draft, rows=rows, capacity=capacity, scheduler=False)
     left = [len(ids)]
@@ -832,17 +833,42 @@ _GENERATE_ARGS = frozenset(
 )
 
 
-def _one_row(method: str, given: dict, kwargs: dict) -> bool:
-    """Whether a method, with these parameters, holds one cache row (so decodes in a batch's row)."""
+def iteration_entries(method: str, given: dict, kwargs: dict) -> int | None:
+    """The most entries one iteration of a method adds past the committed ones to its row of either model (the
+    target's chain or tree with the uncached committed token; the draft's chain, tree or beam tree), or None
+    where the method holds several cache rows (it does not decode in a batch's row).
+
+    Args:
+        method: the method's name; given, kwargs: its parameters as parsed from the name and as passed.
+    """
     from .decoding.registry import get_method
+    from .models.cost import MAX_AUTO_GAMMA
+    from .trees import MAX_TREE_NODES, TokenTree, parse_k_config
 
     spec = get_method(method)
-    params = {**given, **{k: v for k, v in kwargs.items() if k in spec.params}}
-    return spec.name in ONE_ROW and params.get("tree_attention", True) is not False
+    params = {k: p.default for k, p in spec.params.items()}
+    params.update(given)
+    params.update({k: v for k, v in kwargs.items() if k in spec.params})
+    if spec.name not in ONE_ROW or params.get("tree_attention", True) is False:
+        return None
+    gamma = params.get("gamma", 1)
+    gamma = MAX_AUTO_GAMMA if gamma == "auto" else int(gamma)
+    if spec.name in ("mtad", "mjsd"):  # the draft's beams grow as a tree in its row: width nodes per position
+        return int(params["width"]) * gamma + 1
+    if spec.name == "batch-sd":
+        return int(params["drafts"]) * gamma + 1
+    if spec.name in ("mcsd", "specinfer"):
+        if params.get("tree") is None and params.get("drafter", "model") == "model":
+            return TokenTree.from_branching(parse_k_config(params["k_config"])).size + 1
+        return MAX_TREE_NODES + 1  # a tree from a file or chosen each iteration, or with copied branches
+    if spec.name == "bild":
+        return int(params["max_unchecked"]) + 1
+    return gamma + 1
 
 
-# methods that hold one cache row whatever their parameters (trees with tree attention: one row, a tree mask)
-ONE_ROW = frozenset({"ar", "sd", "sd-opt", "specinfer", "mcsd", "bild"})
+# methods that hold one cache row: chains, trees with tree attention (one row, a tree mask) and the joint methods
+# (their draft's beams grow as a tree in one row)
+ONE_ROW = frozenset({"ar", "sd", "sd-opt", "specinfer", "mcsd", "bild", "batch-sd", "mtad", "mjsd"})
 
 
 def _batchable(model) -> bool:

@@ -16,7 +16,17 @@ from multispec.models import static
 from tests.conftest import tiny_llama
 
 PROMPTS = [[3, 9, 27, 17], [5, 1, 44, 12, 60, 2, 8], [7, 7], [11, 40, 33, 2, 19, 50, 21, 4, 6, 31, 9], [30, 1, 2]]
-METHODS = ["ar", "sd:gamma=3", "specinfer:k_config=2x1x1", "mcsd:k_config=2x2", "bild", "sd-opt:gamma=2"]
+METHODS = [
+    "ar",
+    "sd:gamma=3",
+    "specinfer:k_config=2x1x1",
+    "mcsd:k_config=2x2",
+    "bild",
+    "sd-opt:gamma=2",
+    "batch-sd:drafts=3,gamma=2",
+    "mtad:gamma=3,width=4",
+    "mjsd:gamma=2,width=3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +188,17 @@ def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair
         assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
     finally:
         batcher.close()
+    # a row holds the prompt, the output and the method's largest iteration: a tree of 200 nodes (or a draft's
+    # beam tree of 16 x 8) whose last iteration would not fit runs alone, and batches where it fits
+    for method in ("mcsd:k_config=8x8x2", "mtad:gamma=8,width=16"):
+        want = generate(target, draft, prompt, method, max_new_tokens=24, temperature=0, score=False).token_ids
+        for capacity, batched in ((150, False), (300, True)):
+            batcher = Batcher(*pair, rows=2, capacity=capacity)
+            try:
+                got = batcher.generate(prompt, method, max_new_tokens=24, temperature=0, score=False)
+                assert got.token_ids == want and (batcher.stats["forwards"] > 0) == batched, (method, capacity)
+            finally:
+                batcher.close()
 
 
 def _row_logits(model, prompts, rows_together: int, prompt_beside: bool = False):
