@@ -9,9 +9,14 @@ import hashlib
 import json
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -98,6 +103,30 @@ def write_store_entry(path: Path, key: str, entry) -> None:
 
 
 _ONE_THREAD = threading.local()
+
+
+# a measurement during which this process held a CPU for less than this share of the wall time was stopped or
+# crowded out (a background compile worker, niced and stopped while a generation runs): its timings are not the
+# machine's. Every thread counts: a parallel pass holds up to one CPU per thread.
+CPU_SHARE = 0.5
+
+
+def undisturbed(measure: Callable[[], T], attempts: int = 3) -> tuple[T, bool]:
+    """Run `measure()` (a timing of this machine) until it ran without being stopped or crowded out (`CPU_SHARE`),
+    at most `attempts` times.
+
+    Returns:
+        (its last result, whether that run was undisturbed): a disturbed result may serve this process, but is
+        not a fact about the machine, so it is never stored (a stored choice made from it would stay, and the
+        kernels it picked run several times slower; seen on a 2-core Xeon where a worker's timings were 70x).
+    """
+    for _ in range(attempts):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = measure()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if cpu >= CPU_SHARE * wall:
+            return out, True
+    return out, False
 
 
 def one_thread_here() -> None:

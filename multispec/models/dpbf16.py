@@ -156,9 +156,10 @@ def _calibrated_prefetch(digest: str) -> dict[int, str]:
         if modes and set(modes.values()) <= set(PREFETCHES):
             return modes
     t0 = time.perf_counter()
-    entry = calibrate()
+    entry, settled = machine.undisturbed(calibrate)
     machine.calibration_seconds += time.perf_counter() - t0
-    machine.write_store_entry(store, key, entry)
+    if settled:
+        machine.write_store_entry(store, key, entry)
     return entry["modes"]
 
 
