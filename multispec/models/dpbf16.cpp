@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -631,6 +632,154 @@ at::Tensor attend_tokens(const at::Tensor& query, const at::Tensor& keys, const 
   return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
 }
 
+// -- a Llama decoder layer in one call, for eager steps (`models/hf/lean.py`) -------------------------------------
+// Each part works token by token, its sums in one order, so a token's output does not depend on the other tokens
+// of the step (batch invariance comes with it); the products are `linear` or `linear_tiles`, attention is
+// `attend_tokens`. The roundings follow transformers' bfloat16 Llama (each part's result rounded to bfloat16),
+// but the order of the sums is ours: the logits are close to transformers', not the same bits.
+
+// 16 bfloat16 numbers, rounded to nearest even from float32 lanes
+inline void store16(at::BFloat16* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+}
+inline __m512 rounded(__m512 x) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+    reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))), 16)); }
+
+// RMSNorm of each row of x [T, H]: the mean square in float32 lanes of 16 (then `_mm512_reduce_add_ps`), the row
+// times 1 / sqrt(mean + eps) rounded to bfloat16, times the weight, rounded again
+at::Tensor norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps) {
+  const int64_t t = x.size(0), h = x.size(1);
+  at::Tensor out = at::empty({t, h}, x.options());
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
+  const at::BFloat16* wp = weight.data_ptr<at::BFloat16>();
+  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  for (int64_t r = 0; r < t; ++r) {
+    const at::BFloat16* row = xp + r * h;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < h; j += 16) {
+      const __m512 v = load16(row + j);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(h) + eps));
+    for (int64_t j = 0; j < h; j += 16)
+      store16(op + r * h + j, _mm512_mul_ps(load16(wp + j), rounded(_mm512_mul_ps(load16(row + j), scale))));
+  }
+  return out;
+}
+
+// rotary embedding of one head of d numbers (transformers' `rotate_half` form), in float32, rounded once
+inline void rotate(const at::BFloat16* x, const float* cos, const float* sin, int64_t d, at::BFloat16* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; i += 16) {
+    const __m512 a = load16(x + i), b = load16(x + half + i);
+    store16(out + i, _mm512_fnmadd_ps(b, _mm512_loadu_ps(sin + i), _mm512_mul_ps(a, _mm512_loadu_ps(cos + i))));
+    store16(out + half + i,
+            _mm512_fmadd_ps(a, _mm512_loadu_ps(sin + half + i), _mm512_mul_ps(b, _mm512_loadu_ps(cos + half + i))));
+  }
+}
+
+// a + b rounded, or silu(a) (rounded) times b rounded, over n numbers (n a multiple of 16)
+void add_rows(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) store16(out + i, _mm512_add_ps(load16(a + i), load16(b + i)));
+}
+void silu_times(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 x = load16(a + i);
+    // sigmoid from e^-|x| (never overflows): 1 / (1 + e) for x >= 0, e / (1 + e) below
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
+    store16(out + i, _mm512_mul_ps(rounded(_mm512_mul_ps(x, sigmoid)), load16(b + i)));
+  }
+}
+
+// One decoder layer over T packed tokens. hidden [T, H] bfloat16; weights: the input norm [H], the packed q, k,
+// v, o maps, the post-attention norm [H], the packed gate, up and down maps; keys [R, Hkv, C, d] and values
+// [R, Hkv, C, >= d] (float32 or bfloat16: a cache's buffers; a value column past d is set to 1, `with_ones`); cos,
+// sin [T, d] float32; token t writes its entry at row rows[t], slot slots[t], and attends with mask[t] [K]
+// (additive float32) over its row; fused: (start, count) pairs, spans of a prompt's first tokens that attend
+// causally among themselves through torch's fused attention instead (as a prompt alone does). Returns the
+// layer's output [T, H].
+at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const at::Tensor& keys,
+                       const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
+                       const at::Tensor& slots, const at::Tensor& mask, at::IntArrayRef fused, int64_t heads,
+                       int64_t kv_heads, int64_t inter, double eps, double scaling, bool tiles) {
+  TORCH_CHECK(weights.size() == 9, "multispec_dpbf16::llama_layer: nine weights");
+  const int64_t t = hidden.size(0), h = hidden.size(1), d = keys.size(3);
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous() && h % 16 == 0 &&
+              inter % 16 == 0 && d % 32 == 0 && cos.size(0) == t && cos.size(1) == d && sin.sizes() == cos.sizes() &&
+              cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && rows.size(0) == t &&
+              slots.size(0) == t && values.size(3) >= d && keys.size(1) == kv_heads,
+              "multispec_dpbf16::llama_layer: shapes do not agree");
+  TORCH_CHECK(fused.size() % 2 == 0, "multispec_dpbf16::llama_layer: fused spans as (start, count) pairs");
+  auto product = [&](const at::Tensor& x, const at::Tensor& w, int64_t n) {
+    return tiles ? linear_tiles(x, w, c10::nullopt, n) : linear(x, w, c10::nullopt, n);
+  };
+  const at::Tensor x = norm_rows(hidden, weights[0], static_cast<float>(eps));
+  const at::Tensor q = product(x, weights[1], heads * d), k = product(x, weights[2], kv_heads * d);
+  const at::Tensor v = product(x, weights[3], kv_heads * d);
+  at::Tensor query = at::empty({t, heads, d}, hidden.options()), key = at::empty({t, kv_heads, d}, hidden.options());
+  const at::Tensor r = rows.contiguous(), s = slots.contiguous();
+  const int64_t* rp = r.data_ptr<int64_t>();
+  const int64_t* sp = s.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(rp[i] >= 0 && rp[i] < keys.size(0) && sp[i] >= 0 && sp[i] < keys.size(2) &&
+                sp[i] < values.size(2), "multispec_dpbf16::llama_layer: a row or slot out of range");
+  const float* cp = cos.data_ptr<float>();
+  const float* np = sin.data_ptr<float>();
+  const at::BFloat16* vp = v.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t head = 0; head < heads; ++head)
+      rotate(q.data_ptr<at::BFloat16>() + (i * heads + head) * d, cp + i * d, np + i * d, d,
+             query.data_ptr<at::BFloat16>() + (i * heads + head) * d);
+    for (int64_t head = 0; head < kv_heads; ++head) {
+      at::BFloat16* kh = key.data_ptr<at::BFloat16>() + (i * kv_heads + head) * d;
+      rotate(k.data_ptr<at::BFloat16>() + (i * kv_heads + head) * d, cp + i * d, np + i * d, d, kh);
+      const at::BFloat16* vh = vp + (i * kv_heads + head) * d;
+      const int64_t at_k = rp[i] * keys.stride(0) + head * keys.stride(1) + sp[i] * keys.stride(2);
+      const int64_t at_v = rp[i] * values.stride(0) + head * values.stride(1) + sp[i] * values.stride(2);
+      if (keys.scalar_type() == at::kFloat) {  // bfloat16 numbers held exactly in float32
+        float* kd = keys.data_ptr<float>() + at_k;
+        float* vd = values.data_ptr<float>() + at_v;
+        for (int64_t j = 0; j < d; ++j) kd[j] = static_cast<float>(kh[j]), vd[j] = static_cast<float>(vh[j]);
+        for (int64_t j = d; j < values.size(3); ++j) vd[j] = 1.0f;
+      } else {
+        at::BFloat16* kd = keys.data_ptr<at::BFloat16>() + at_k;
+        at::BFloat16* vd = values.data_ptr<at::BFloat16>() + at_v;
+        std::memcpy(kd, kh, d * sizeof(at::BFloat16));
+        std::memcpy(vd, vh, d * sizeof(at::BFloat16));
+        for (int64_t j = d; j < values.size(3); ++j) vd[j] = at::BFloat16(1.0f);
+      }
+    }
+  }
+  at::Tensor attended = attend_tokens(query, keys, values, r, mask, d, scaling);
+  for (size_t f = 0; f < fused.size(); f += 2) {  // a prompt's first tokens: as `static.attention` attends them
+    const int64_t start = fused[f], count = fused[f + 1];
+    auto span = [&](const at::Tensor& a, int64_t n) { return a.narrow(0, start, count).view({count, n, d}).transpose(0, 1).unsqueeze(0); };
+    const at::Tensor head = at::scaled_dot_product_attention(span(query, heads), span(key, kv_heads), span(v, kv_heads),
+                                                             c10::nullopt, 0.0, true, scaling, true);
+    attended.narrow(0, start, count).copy_(head[0].transpose(0, 1));
+  }
+  at::Tensor out = product(attended.view({t, heads * d}), weights[4], h);
+  add_rows(hidden.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), t * h);
+  const at::Tensor y = norm_rows(out, weights[5], static_cast<float>(eps));
+  at::Tensor gate = product(y, weights[6], inter);
+  const at::Tensor up = product(y, weights[7], inter);
+  silu_times(gate.data_ptr<at::BFloat16>(), up.data_ptr<at::BFloat16>(), gate.data_ptr<at::BFloat16>(), t * inter);
+  at::Tensor down = product(gate, weights[8], h);
+  add_rows(out.data_ptr<at::BFloat16>(), down.data_ptr<at::BFloat16>(), down.data_ptr<at::BFloat16>(), t * h);
+  return down;
+}
+
+// RMSNorm of each row (`llama_layer`'s), for the final norm
+at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) % 16 == 0 &&
+              weight.scalar_type() == at::kBFloat16 && weight.numel() == x.size(1),
+              "multispec_dpbf16::norm: x [T, H] bfloat16 (H a multiple of 16) and a bfloat16 weight [H]");
+  return norm_rows(x, weight.contiguous(), static_cast<float>(eps));
+}
+
 // modes[i]: the Prefetch of `linear` on i rows (i >= 1; the last entry stands for every larger number too)
 void set_prefetch(at::IntArrayRef modes) {
   TORCH_CHECK(modes.size() >= 2, "multispec_dpbf16::set_prefetch: give a mode for 1 row at least");
@@ -649,6 +798,10 @@ TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("attend(Tensor query, Tensor keys, Tensor values, Tensor mask, int dv, float scaling) -> Tensor");
   m.def("attend_tokens(Tensor query, Tensor keys, Tensor values, Tensor rows, Tensor mask, int dv, float scaling) -> Tensor");
   m.def("set_prefetch(int[] modes) -> ()", &set_prefetch);
+  m.def("llama_layer(Tensor hidden, Tensor[] weights, Tensor(a!) keys, Tensor(b!) values, Tensor cos, Tensor sin, "
+        "Tensor rows, Tensor slots, Tensor mask, int[] fused, int heads, int kv_heads, int inter, float eps, "
+        "float scaling, bool tiles) -> Tensor");
+  m.def("norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
@@ -656,4 +809,6 @@ TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
   m.impl("linear_tiles", &linear_tiles);
   m.impl("attend", &attend);
   m.impl("attend_tokens", &attend_tokens);
+  m.impl("llama_layer", &llama_layer);
+  m.impl("norm", &norm);
 }

@@ -20,6 +20,7 @@ from .dynamic import DynamicSteps
 from .graphs import CapturedSteps
 from .inputs import StepInputs, packed_inputs, step_inputs
 from .kernels import COMPILED_TOKENS, FAST, INVARIANT, INVARIANT_DPBF16, VARIANTS, invariant_rows
+from .lean import LeanLlama
 
 # in a packed step over a batch, rows with at most this many new tokens attend in one padded group over the batch's
 # rows; a wider one (a prompt's chunk, a large tree) attends alone, so that the others are not padded to it
@@ -118,6 +119,7 @@ class HFModel(LanguageModel):
         self.packed_linears: bool | None = None
         self._batch_rows: int | None = None
         self._kernel_attention: bool | None = None
+        self._lean: LeanLlama | bool | None = None  # `lean()`: decided once the linear maps are
 
     def eager_packed(self) -> bool:
         """Whether eager static steps run packed linear maps (decided, by timing, on first asking; a compiled
@@ -151,6 +153,14 @@ class HFModel(LanguageModel):
                 and dpbf16.unavailable() is None
             )
         return self._kernel_attention
+
+    def lean(self) -> LeanLlama | None:
+        """The step of one kernel call per layer (`lean.LeanLlama`) that eager steps with our attention run, where
+        this model takes it (decided once its linear maps are; `MULTISPEC_LEAN=0` keeps transformers' forward)."""
+        if self._lean is None and self.packed_linears is not None:
+            why = "MULTISPEC_LEAN=0" if os.environ.get("MULTISPEC_LEAN", "1") == "0" else LeanLlama.why_not(self)
+            self._lean = LeanLlama(self) if why is None else False
+        return self._lean or None
 
     def _eager_kernels(self):
         """The context eager static steps run in: packed linear maps where `linears.pack` chose them."""
@@ -662,6 +672,10 @@ class HFModel(LanguageModel):
         packed=None,
         kernel=False,
     ):
+        if kernel and not torch.compiler.is_compiling():
+            lean = self.lean()
+            if lean is not None and lean.usable():
+                return lean.step(ids, positions, masks, slots, keys, values, logits_to_keep, fused, packed)
         extra = {"ms_fused": fused} if fused else {}
         if kernel:
             extra["ms_kernel"] = True

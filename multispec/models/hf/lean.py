@@ -1,0 +1,139 @@
+"""Eager steps of a Llama model in one call of our kernel per decoder layer (`dpbf16.llama_layer`).
+
+transformers' eager Llama runs about thirty small operators per layer through Python and torch's dispatcher; on
+a 2-core CPU they cost as much as the layer's products (an 8-row batched step of the default target: ~10 ms of
+35). Where every linear map of the model runs on our AMX tile kernel (`linears`, the race won here) and its
+attention on `dpbf16.attend_tokens` (`HFModel.kernel_attention`), a step runs here instead: the embedding and
+the rotary angles in torch, then one C++ call per layer (norm, products, rotary embedding, cache writes,
+attention, MLP, residuals), then the final norm and the output head on the kept tokens only.
+
+Every part works token by token with its sums in one order, so a token gets the same bits whatever else is fed
+with it: single steps and batched steps (`HFModel.forward_rows`) go through here alike, and a sequence keeps its
+logits alone and in a batch. The numbers are close to transformers' (the same roundings to bfloat16 after each
+part), not its bits. Compiled steps, a model whose layers carry hooks (`hidden_features`), and every other model
+keep transformers' forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import dpbf16, linears
+
+FAMILIES = ("LlamaForCausalLM",)  # the decoder layer `llama_layer` computes
+
+
+class LeanLlama:
+    """The weights `dpbf16.llama_layer` reads, gathered once from an `HFModel` (see `why_not`)."""
+
+    def __init__(self, hf):
+        model = hf.model
+        cfg = model.config
+        self.hf, self.model = hf, model
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.inter, self.eps = cfg.intermediate_size, float(cfg.rms_norm_eps)
+        self.layers = model.model.layers
+        self.weights = [
+            [
+                layer.input_layernorm.weight.detach(),
+                *(linears.packed_weight(getattr(layer.self_attn, f"{p}_proj")) for p in "qkvo"),
+                layer.post_attention_layernorm.weight.detach(),
+                *(linears.packed_weight(getattr(layer.mlp, f"{p}_proj")) for p in ("gate", "up", "down")),
+            ]
+            for layer in self.layers
+        ]
+        self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
+        self._first = self._weight_id()
+
+    def _weight_id(self):
+        q = self.layers[0].self_attn.q_proj.weight
+        return q.data_ptr(), q.dtype
+
+    @staticmethod
+    def why_not(hf) -> str | None:
+        """None where `hf`'s eager steps can run here, else why not."""
+        model = hf.model
+        if type(model).__name__ not in FAMILIES:
+            return f"{type(model).__name__} is not a Llama"
+        if not hf.kernel_attention():
+            return "attention does not run on our kernel here"
+        cfg = model.config
+        if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "attention_bias", False):
+            return "not silu, or biased attention"
+        if getattr(cfg, "mlp_bias", False) or cfg.hidden_size % 16 or cfg.intermediate_size % 16:
+            return "biased MLP, or widths not multiples of 16"
+        maps = [m for layer in model.model.layers for m in (*layer.self_attn.children(), *layer.mlp.children())]
+        maps = [m for m in maps if type(m) is torch.nn.Linear]
+        if len(maps) != 7 * len(model.model.layers) or any(linears.packed_kind(m) != linears.TILES for m in maps):
+            return "not every linear map runs on the tile kernel here"
+        return None
+
+    def usable(self) -> bool:
+        """Whether this step may run now: the weights it gathered are the model's, no other hook waits on a layer,
+        and the model's own (`HFModel.hidden_features`) are not reading the layers' inputs on this thread."""
+        if self._weight_id() != self._first:
+            return False
+        if getattr(getattr(self.hf, "_capture", None), "seen", None) is not None:
+            return False
+        ours = len(getattr(self.hf, "_hooked", ()))
+        return not any(layer._forward_hooks for layer in self.layers) and ours == sum(
+            len(layer._forward_pre_hooks) for layer in self.layers
+        )
+
+    @staticmethod
+    def fused_spans(packed, fused: int) -> list[int]:
+        """The (start, count) pairs, flat, of the tokens that attend through torch's fused attention: a prompt's
+        first tokens fed into an empty row (`HFModel.forward`'s `fused_prefix`, a packed step's groups)."""
+        if packed is None:
+            return [0, fused] if fused else []
+        spans = []
+        for group in packed.groups:
+            if group.fused:
+                first = group.index[0, : group.fused]
+                start = int(first[0])
+                if not torch.equal(first, torch.arange(start, start + group.fused)):
+                    raise ValueError("a prompt's fused tokens are not one span of the packed step")
+                spans += [start, group.fused]
+        return spans
+
+    @torch.inference_mode()
+    def step(self, ids, positions, masks, slots, keys, values, logits_to_keep, fused, packed) -> torch.Tensor:
+        """`HFModel.step`'s arguments (a single sequence's step, or a packed one with `packed`); returns the kept
+        logits [1, k, vocab] in bfloat16, as transformers' forward would."""
+        n = ids.shape[1]
+        hidden = self.model.model.embed_tokens(ids)[0].contiguous()  # [T, H]
+        cos, sin = self.model.model.rotary_emb(hidden.new_empty(1, dtype=torch.float32), positions)
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, d] float32
+        if packed is not None:
+            rows, slots, mask = packed.token_rows, packed.token_slots, packed.token_masks()
+            keep = logits_to_keep
+        else:
+            rows = torch.zeros(n, dtype=torch.long)
+            mask = masks[0, 0].float().contiguous()  # [T, K] additive
+            k = logits_to_keep or n
+            keep = torch.arange(n - k, n)
+        spans = self.fused_spans(packed, fused)
+        tiles = dpbf16.tiles_run()
+        for weights, key, value, scaling in zip(self.weights, keys, values, self.scaling, strict=True):
+            hidden = torch.ops.multispec_dpbf16.llama_layer(
+                hidden,
+                weights,
+                key,
+                value,
+                cos,
+                sin,
+                rows,
+                slots,
+                mask,
+                spans,
+                self.heads,
+                self.kv_heads,
+                self.inter,
+                self.eps,
+                scaling,
+                tiles,
+            )
+        hidden = torch.ops.multispec_dpbf16.norm(hidden[keep].contiguous(), self.model.model.norm.weight, self.eps)
+        with linears.active():
+            return self.model.lm_head(hidden)[None]
