@@ -109,6 +109,7 @@ _ONE_THREAD = threading.local()
 # crowded out (a background compile worker, niced and stopped while a generation runs): its timings are not the
 # machine's. Every thread counts: a parallel pass holds up to one CPU per thread.
 CPU_SHARE = 0.5
+SHORTEST_JUDGED = 0.01  # seconds: the CPU clock may tick coarser than a shorter measurement (a stop lengthens it)
 
 
 def undisturbed(measure: Callable[[], T], attempts: int = 3) -> tuple[T, bool]:
@@ -124,7 +125,7 @@ def undisturbed(measure: Callable[[], T], attempts: int = 3) -> tuple[T, bool]:
         wall, cpu = time.perf_counter(), time.process_time()
         out = measure()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        if cpu >= CPU_SHARE * wall:
+        if wall < SHORTEST_JUDGED or cpu >= CPU_SHARE * wall:
             return out, True
     return out, False
 
