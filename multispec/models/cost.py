@@ -151,6 +151,11 @@ def cost_key(
         inner = getattr(model, "model", None)
         if inner is not None and any(linears.packed_kind(m) == linears.TILES for m in inner.modules()):
             engine = "static+tiles"  # ... on our tile kernel
+            lean = getattr(model, "lean", lambda: None)
+            if lean() is not None:  # ... and a Llama's layers one kernel call each (`hf/lean.py`)
+                from . import dpbf16
+
+                engine = f"static+lean|dpbf16={dpbf16._digest()}"
     steps = getattr(model, "steps", None)  # a compiled model's steps (`HFModel.steps`), settled by `prepare`
     if engine == "compiled" and getattr(steps, "kernel", None) == "invariant":
         engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")

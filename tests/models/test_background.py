@@ -52,6 +52,28 @@ def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cac
     assert background.workers() == []
 
 
+def test_a_target_whose_eager_layers_are_one_kernel_call_each_compiles_nothing(cache, tmp_path, monkeypatch):
+    # on a CPU with AMX, a Llama whose maps run on the tile kernel steps through one kernel call per layer
+    # (`hf/lean.py`), about as fast as compiled: "auto" runs it eagerly and starts no worker for it
+    from multispec.models import dpbf16, linears
+    from tests.models.helpers import _bf16_llama
+
+    if dpbf16.unavailable() is not None or not dpbf16.tiles_run():
+        pytest.skip("our tile kernel does not run here (AVX512-BF16 and AMX)")
+    monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "_TILES", {})
+    monkeypatch.setattr(linears, "GAIN", float("inf"))  # the tile kernel chosen whatever its race says
+    folder = tmp_path / "bf16"
+    _bf16_llama(hidden=576, intermediate=1536).model.save_pretrained(folder)
+    monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
+    model = load_model(str(folder), dtype="bfloat16")
+    assert model.auto_compile and not model.compile and not background.waiting(model)
+    assert model.lean() is not None and background.workers() == []
+    monkeypatch.setenv("MULTISPEC_LEAN", "0")  # where its eager steps go through transformers' modules
+    plain = load_model(str(folder), dtype="bfloat16", compile=False)
+    assert not background.eager_as_fast(plain)
+
+
 def test_a_failed_background_compile_is_not_started_again_on_every_run(cache, tiny_folder, capsys):
     status = background.status_path(str(tiny_folder), "target", torch.float32, torch.device("cpu"))
     background.write_status(status, model="tiny", role="target", pid=1 << 30, state="failed", error="it broke")

@@ -4,6 +4,8 @@ Compiling a model's steps takes many minutes the first time on a machine: one gr
 each raced in several kernel variants (`compiled.py`). A first run should not wait for that, and a later one
 should not pay it again. So, per process and per model:
 
+- where a target's eager steps are about as fast as compiled ones (a Llama whose layers run one kernel call
+  each on a CPU with AMX, `eager_as_fast`), it runs eagerly and nothing is compiled for it;
 - where compiled steps pay (a CPU with AVX512-BF16 or AMX, in bfloat16) and every bucket's step of this model is
   already packaged on this machine, the model runs compiled: its packages load in seconds;
 - where they pay but some are missing, the model runs eagerly in this process, and a compile worker is started
@@ -100,6 +102,15 @@ def why_eager(hf: HFModel) -> str | None:
     return None
 
 
+def eager_as_fast(hf: HFModel) -> bool:
+    """Whether `hf`'s eager steps run one kernel call per layer here (`lean.py`: a Llama whose linear maps won
+    their race on our AMX tile kernel), which decode about as fast as its compiled steps: then `compile="auto"`
+    runs it eagerly and compiles nothing for it. On a 2-core Xeon with AMX (2026-11-30) the default target's
+    one-token step took 14.3 ms so, against 12.3-12.8 ms compiled, and the compiled steps cost 11 compiles
+    (630 s) and 3 GB of packages. Settles the model's linear maps (a race of about a second)."""
+    return hf.rows_packed() and hf.lean() is not None
+
+
 def missing(hf: HFModel, role: str) -> list[str]:
     """What this machine still lacks for `hf` to run compiled in `role` (target or draft) with no compile in this
     process, as `compile=True` would run it: each a few words; [] when every bucket's step is packaged here."""
@@ -158,6 +169,8 @@ def settle(hf: HFModel, role: str) -> None:
     if role not in ROLES:
         raise ValueError(f"role {role!r}: one of {', '.join(ROLES)}")
     if why_eager(hf) is not None:
+        return
+    if role == "target" and eager_as_fast(hf):
         return
     if not missing(hf, role):
         hf.enable_compile()
