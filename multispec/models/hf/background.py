@@ -108,6 +108,10 @@ def eager_as_fast(hf: HFModel) -> bool:
     runs it eagerly and compiles nothing for it. On a 2-core Xeon with AMX (2026-11-30) the default target's
     one-token step took 14.3 ms so, against 12.3-12.8 ms compiled, and the compiled steps cost 11 compiles
     (630 s) and 3 GB of packages. Settles the model's linear maps (a race of about a second)."""
+    from .lean import FAMILIES
+
+    if type(hf.model).__name__ not in FAMILIES or not dpbf16.tiles_run():
+        return False  # (no packing, and no race, for a model that compiles anyway)
     return hf.rows_packed() and hf.lean() is not None
 
 
