@@ -85,8 +85,10 @@ class RowLoad:
     each length as the batch's iteration, with the other rows as they last chose (`chose`):
 
     - the target forward over the other rows' tokens plus this row's, from the batched step's measured curve;
-    - the draft forwards: one per position of the longest chain any row drafts (the target waits for it), so
-      positions up to the others' longest cost this row no draft time;
+    - the draft forwards: one per position of the longest chain any row drafts (the target waits for it); a
+      position that other rows draft too costs this row its share of that forward (1 / (rows drafting it)), a
+      position beyond theirs the whole forward. Priced as free, positions beside a drafting row kept every row
+      drafting once one did, where no row drafting paid more (the rows' choices met in a worse equilibrium);
     - the batch's expected committed tokens: the others' plus this row's own.
 
     Each row so takes the length that maximises the batch's tokens per second given the others' choices, one
@@ -147,6 +149,10 @@ class RowLoad:
     def others_drafting(self) -> int:
         """The longest chain another row drafts (its draft forwards run whatever this row chooses)."""
         return max((drafts for _, _, drafts in self._others()), default=0)
+
+    def rows_drafting(self) -> int:
+        """How many other rows draft with the draft model (they share the draft forwards this row joins)."""
+        return sum(1 for _, _, drafts in self._others() if drafts > 0)
 
     def others(self, most: int) -> list[float]:
         """[the other active rows' expected committed tokens, as they last chose], for g = 0 .. most."""

@@ -282,13 +282,19 @@ def test_drafting_shrinks_as_the_batch_fills_down_to_none():
     assert lengths == sorted(lengths, reverse=True) and lengths[-1] == 0, lengths
 
 
-def test_a_row_drafts_as_long_as_its_neighbours_at_no_draft_cost():
-    # the target waits for the longest chain any row drafts: positions up to the others' longest cost this row
-    # no draft forward, so with costly draft steps it drafts along with a neighbour that drafts five
+def test_a_row_pays_its_share_of_the_draft_forwards_it_joins(monkeypatch):
+    # the target waits for the longest chain any row drafts: a position a neighbour drafts too costs this row half
+    # that draft forward, so with costly draft steps it drafts longer beside a neighbour that drafts five than
+    # apart; but not as long as if those positions were free (priced free, rows kept drafting once one did)
+    from multispec.batching import RowLoad
+
     costly = dict(draft_step=0.01)
     apart = _chosen_length(_batch_of(2, (1, 1.0, 0), **costly), decaying=True)
     beside = _chosen_length(_batch_of(2, (6, 3.0, 5), **costly), decaying=True)
-    assert beside > apart and beside >= 5, (apart, beside)
+    monkeypatch.setattr(RowLoad, "rows_drafting", lambda self: 10**9)  # a share of nothing: free
+    free = _chosen_length(_batch_of(2, (6, 3.0, 5), **costly), decaying=True)
+    assert apart < beside < free and free >= 5, (apart, beside, free)
+    monkeypatch.undo()
     load = _batch_of(2)
     _chosen_length(load)
     assert load._batcher._chosen[0][2] == load._batcher._chosen[0][0] - 1 >= 3  # told to the batch

@@ -75,7 +75,8 @@ class DraftLength:
         longest = max((min(option.length, self.max_gamma) for option in options), default=0)
         load = None if self.load is None or self.load.alone else self.load  # a lone row prices as one sequence
         # T(target_pending + g) for every g in one read of the curve (this runs every iteration)
-        drafting, waiting = 0, 0.0  # in a batch: the others' longest chain, and its draft forwards' seconds
+        # in a batch: the others' longest chain, its draft forwards' seconds, and the rows that would share them
+        drafting, waiting, sharing = 0, 0.0, 1
         if load is None:
             target = self.target_cost.curve(target_pending + longest, tokens).tolist()
             others = [0.0] * (longest + 1)
@@ -84,6 +85,7 @@ class DraftLength:
             others = load.others(longest)
             drafting = load.others_drafting()
             waiting = drafting * load.draft_step(1)
+            sharing = 1 + getattr(load, "rows_drafting", lambda: 0)()
         best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead + waiting)
         best_rate = (1.0 + others[0]) / best.seconds
         for option in options:
@@ -100,8 +102,11 @@ class DraftLength:
                 survive *= a[g - 1]
                 expected += survive
                 seconds = target[target_pending + g] + self.overhead
-                # the iteration's draft forwards: as many as the longest chain drafted, this row's or another's
+                # the iteration's draft forwards: as many as the longest chain drafted, this row's or another's;
+                # this row pays its share of those it drafts beside other rows (`RowLoad`)
                 seconds += first + (max(g, drafting) - 1) * later if catch_up else waiting
+                if catch_up and drafting:
+                    seconds += min(g, drafting) * later / sharing
                 if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
                     return self._chose(Plan(option, 1, expected, seconds), target_pending)
                 if (expected + others[g]) / seconds > best_rate:
