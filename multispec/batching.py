@@ -15,8 +15,8 @@ else runs). So a sequence decoded in a batch gets the tokens it gets decoded in 
 runs (`tests/test_batching.py`).
 
 Methods that hold several hypotheses in several cache rows (beam search and its kin, trees scored one row per
-path) run alone: the scheduler runs such a generation whole between two batched forwards (`ONE_ROW` lists those
-that batch)."""
+path) run alone: the scheduler runs such a generation whole between two batched forwards (a method that holds one
+row says so in the registry, `Method.row_entries`)."""
 
 from __future__ import annotations
 
@@ -426,9 +426,8 @@ class Batcher:
 
         Call it from the main thread: torch's CPU operators run their parallel parts on OpenMP, and GNU OpenMP
         keeps its worker threads waiting only for the main thread's parallel regions; a region started on any
-        other thread starts its workers again. On a 2-core Xeon with AMX (2026-11-30) that cost about 70 us a
-        region, and an eager step over 8 batched rows took 53 ms on another thread against 31 ms on the main
-        one. If the scheduler fails, every generation waiting on it gets the error."""
+        other thread starts its workers again, a cost per region that can double a batched step (measured in
+        docs/decisions.md). If the scheduler fails, every generation waiting on it gets the error."""
         if self._thread is not None:
             raise RuntimeError("this batch's scheduler runs on its own thread")
         self._thread = threading.current_thread()
@@ -840,41 +839,21 @@ _GENERATE_ARGS = frozenset(
 
 
 def iteration_entries(method: str, given: dict, kwargs: dict) -> int | None:
-    """The most entries one iteration of a method adds past the committed ones to its row of either model (the
-    target's chain or tree with the uncached committed token; the draft's chain, tree or beam tree), or None
-    where the method holds several cache rows (it does not decode in a batch's row).
+    """The most entries one iteration of a method, with these parameters, adds past the committed ones to its row
+    of either model (`Method.row_entries`), or None where it holds several cache rows (it runs alone).
 
     Args:
         method: the method's name; given, kwargs: its parameters as parsed from the name and as passed.
     """
     from .decoding.registry import get_method
-    from .models.cost import MAX_AUTO_GAMMA
-    from .trees import MAX_TREE_NODES, TokenTree, parse_k_config
 
     spec = get_method(method)
+    if spec.row_entries is None:
+        return None
     params = {k: p.default for k, p in spec.params.items()}
     params.update(given)
     params.update({k: v for k, v in kwargs.items() if k in spec.params})
-    if spec.name not in ONE_ROW or params.get("tree_attention", True) is False:
-        return None
-    gamma = params.get("gamma", 1)
-    gamma = MAX_AUTO_GAMMA if gamma == "auto" else int(gamma)
-    if spec.name in ("mtad", "mjsd"):  # the draft's beams grow as a tree in its row: width nodes per position
-        return int(params["width"]) * gamma + 1
-    if spec.name == "batch-sd":
-        return int(params["drafts"]) * gamma + 1
-    if spec.name in ("mcsd", "specinfer"):
-        if params.get("tree") is None and params.get("drafter", "model") == "model":
-            return TokenTree.from_branching(parse_k_config(params["k_config"])).size + 1
-        return MAX_TREE_NODES + 1  # a tree from a file or chosen each iteration, or with copied branches
-    if spec.name == "bild":
-        return int(params["max_unchecked"]) + 1
-    return gamma + 1
-
-
-# methods that hold one cache row: chains, trees with tree attention (one row, a tree mask) and the joint methods
-# (their draft's beams grow as a tree in one row)
-ONE_ROW = frozenset({"ar", "sd", "sd-opt", "specinfer", "mcsd", "bild", "batch-sd", "mtad", "mjsd"})
+    return spec.row_entries(params)
 
 
 def _batchable(model) -> bool:

@@ -119,7 +119,7 @@ def undisturbed(measure: Callable[[], T], attempts: int = 3) -> tuple[T, bool]:
     Returns:
         (its last result, whether that run was undisturbed): a disturbed result may serve this process, but is
         not a fact about the machine, so it is never stored (a stored choice made from it would stay, and the
-        kernels it picked run several times slower; seen on a 2-core Xeon where a worker's timings were 70x).
+        kernels it picked run several times slower: docs/decisions.md).
     """
     for _ in range(attempts):
         wall, cpu = time.perf_counter(), time.process_time()

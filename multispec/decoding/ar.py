@@ -14,5 +14,12 @@ def decode(s: Session) -> None:
 
 
 register(
-    Method("ar", decode, needs_draft=False, exact="reference", summary="target-only sampling (greedy at temperature 0)")
+    Method(
+        "ar",
+        decode,
+        needs_draft=False,
+        exact="reference",
+        summary="target-only sampling (greedy at temperature 0)",
+        row_entries=lambda params: 1,
+    )
 )

@@ -38,6 +38,7 @@ register(
         exact="lossy by design: the target keeps draft tokens it finds likely enough",
         summary="Big Little Decoder baseline: the target checks the draft when it is unsure (as run by the "
         "MTAD and MJSD authors)",
+        row_entries=lambda params: int(params["max_unchecked"]) + 1,
         params={
             "fallback": Param(
                 float,

@@ -112,6 +112,11 @@ def _joint_params(beam_warp: str) -> dict[str, Param]:
     }
 
 
+def _beam_tree_entries(params: dict) -> int:
+    """`Method.row_entries`: the draft's beams grow as a tree in its row, `width` nodes a position."""
+    return int(params["width"]) * int(params["gamma"]) + 1
+
+
 LOSSY = "lossy by design: joint-likelihood acceptance, judged by perplexity"
 register(
     Method(
@@ -120,6 +125,7 @@ register(
         needs_draft=True,
         exact=LOSSY,
         summary="multi-token assisted decoding: beam-sampled draft block, joint-ratio acceptance (MTAD)",
+        row_entries=_beam_tree_entries,
         params=_joint_params("joint"),
     )
 )
@@ -130,6 +136,7 @@ register(
         needs_draft=True,
         exact=LOSSY,
         summary="multi-token joint speculative decoding: beam-decoded draft block, joint-ratio acceptance (MJSD)",
+        row_entries=_beam_tree_entries,
         params=_joint_params("rows"),
     )
 )

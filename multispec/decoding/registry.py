@@ -60,6 +60,10 @@ class Method:
     markov_only: bool = False
     # False for a method that only samples (no temperature-0 form): refused at temperature 0
     greedy: bool = True
+    # the most cache entries one iteration adds past the committed ones to its row of either model, for resolved
+    # parameters (a chain or tree with the uncached committed token, a draft's beam tree), or None where it holds
+    # several cache rows: a method with one decodes in a row of a batch (`multispec.batching`)
+    row_entries: Callable[[dict[str, Any]], int | None] | None = None
 
     def draft_use(self, params: dict[str, Any]) -> str:
         """'required', 'optional' (used where given: `drafter=hybrid`) or 'none' for resolved `params`."""
@@ -145,6 +149,14 @@ class IntOrAuto:
 
 
 METHODS: dict[str, Method] = {}
+
+
+def chain_entries(params: dict[str, Any]) -> int:
+    """A chain's iteration (`Method.row_entries`): `gamma` drafts (its automatic most) and the committed token."""
+    from ..models.cost import MAX_AUTO_GAMMA
+
+    gamma = params.get("gamma", 0)
+    return (MAX_AUTO_GAMMA if gamma == "auto" else int(gamma)) + 1
 
 
 def register(method: Method) -> Method:

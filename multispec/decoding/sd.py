@@ -23,7 +23,7 @@ from ..models.cost import forward_cost
 from ..verify import chain, greedy_verify, relaxed_verify, speculative_verify
 from ..warp import LazyRows, argmax
 from .loop import speculate
-from .registry import BONUS, DRAFT_VOCAB, MAX_DEPTH, Method, Param, drafter_params, register, size
+from .registry import BONUS, DRAFT_VOCAB, MAX_DEPTH, Method, Param, chain_entries, drafter_params, register, size
 
 
 def decode(
@@ -82,6 +82,7 @@ register(
         needs_draft=True,
         exact="equals ar in distribution",
         summary="speculative sampling with a chain of gamma drafts",
+        row_entries=chain_entries,
         params={
             "gamma": size(
                 4,
@@ -109,6 +110,7 @@ register(
         needs_draft=True,
         exact="biased when eps > 0 (eps = 0 is sd)",
         summary="over-accepting speculative sampling (Decoding-OPT / UNO of Yin et al., 2024)",
+        row_entries=chain_entries,
         params={
             "gamma": size(4, MAX_DEPTH, "drafts per target call"),
             "eps": Param(

@@ -28,7 +28,7 @@ from ..drafting.shape import OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR, AutoTree, Fac
 from ..engine import Entries, ModelRunner, Session
 from ..models.cost import forward_cost
 from ..tree_search import RankAcceptance, record_verdict
-from ..trees import Shape, TokenTree, load_tree, parse_k_config, tree_from_json
+from ..trees import MAX_TREE_NODES, Shape, TokenTree, load_tree, parse_k_config, tree_from_json
 from ..verify import (
     greedy_tree_verify,
     naive_rejection,
@@ -423,6 +423,14 @@ def decode_batch(
     )
 
 
+def tree_entries(params: dict) -> int:
+    """A tree's iteration (`Method.row_entries`): a k-config's nodes and the committed token; a tree from a file,
+    chosen each iteration or with copied branches, at most MAX_TREE_NODES."""
+    if params.get("tree") is None and params.get("drafter", "model") == "model":
+        return TokenTree.from_branching(parse_k_config(params["k_config"])).size + 1
+    return MAX_TREE_NODES + 1
+
+
 def replacement_param(default: bool, help: str) -> Param:
     return Param(
         bool,
@@ -440,6 +448,7 @@ register(
         needs_draft=True,
         exact="equals ar in distribution",
         summary="M independent draft chains verified together (batch SD of Yin et al., 2024)",
+        row_entries=lambda params: int(params["drafts"]) * int(params["gamma"]) + 1,
         params={
             "drafts": size(4, MAX_ROWS, "number of draft chains M"),
             "gamma": size(4, MAX_DEPTH, "drafts per chain"),
@@ -455,6 +464,7 @@ register(
         needs_draft=True,
         exact="equals ar in distribution",
         summary="multi-candidate speculative decoding on a token tree (MCSD, Yang et al., 2024)",
+        row_entries=lambda params: tree_entries(params) if params["tree_attention"] else None,
         params={
             "k_config": k_config_param(
                 "4x2x1x1", "children per node at each depth: 4x2x1x1 = 4 of the root, 2 of each"
@@ -492,6 +502,7 @@ register(
         needs_draft=True,
         exact="equals ar in distribution",
         summary="SpecInfer's multi-step speculative sampling on its expansion tree",
+        row_entries=lambda params: tree_entries(params),
         params={
             "k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at each depth"),
             "tree": TREE,

@@ -105,9 +105,8 @@ def why_eager(hf: HFModel) -> str | None:
 def eager_as_fast(hf: HFModel) -> bool:
     """Whether `hf`'s eager steps run one kernel call per layer here (`lean.py`: a Llama whose linear maps won
     their race on our AMX tile kernel), which decode about as fast as its compiled steps: then `compile="auto"`
-    runs it eagerly and compiles nothing for it. On a 2-core Xeon with AMX (2026-11-30) the default target's
-    one-token step took 14.3 ms so, against 12.3-12.8 ms compiled, and the compiled steps cost 11 compiles
-    (630 s) and 3 GB of packages. Settles the model's linear maps (a race of about a second)."""
+    runs it eagerly and compiles nothing for it (the measurements behind this: docs/decisions.md). Settles the
+    model's linear maps (a race of about a second)."""
     from .lean import FAMILIES
 
     if type(hf.model).__name__ not in FAMILIES or not dpbf16.tiles_run():

@@ -1,11 +1,11 @@
 """Eager steps of a Llama model in one call of our kernel per decoder layer (`dpbf16.llama_layer`).
 
-transformers' eager Llama runs about thirty small operators per layer through Python and torch's dispatcher; on
-a 2-core CPU they cost as much as the layer's products (an 8-row batched step of the default target: ~10 ms of
-35). Where every linear map of the model runs on our AMX tile kernel (`linears`, the race won here) and its
-attention on `dpbf16.attend_tokens` (`HFModel.kernel_attention`), a step runs here instead: the embedding and
-the rotary angles in torch, then one C++ call per layer (norm, products, rotary embedding, cache writes,
-attention, MLP, residuals), then the final norm and the output head on the kept tokens only.
+transformers' eager Llama runs about thirty small operators per layer through Python and torch's dispatcher; on a
+small CPU they cost about as much as the layer's products (measured in docs/decisions.md). Where every linear map of
+the model runs on our AMX tile kernel (`linears`, the race won here) and its attention on `dpbf16.attend_tokens`
+(`HFModel.kernel_attention`), a step runs here instead: the embedding and the rotary angles in torch, then one C++
+call per layer (norm, products, rotary embedding, cache writes, attention, MLP, residuals), then the final norm and
+the output head on the kept tokens only.
 
 Every part works token by token with its sums in one order, so a token gets the same bits whatever else is fed
 with it: single steps and batched steps (`HFModel.forward_rows`) go through here alike, and a sequence keeps its
