@@ -10,7 +10,8 @@ the output head on the kept tokens only.
 Every part works token by token with its sums in one order, so a token gets the same bits whatever else is fed
 with it: single steps and batched steps (`HFModel.forward_rows`) go through here alike, and a sequence keeps its
 logits alone and in a batch. The numbers are close to transformers' (the same roundings to bfloat16 after each
-part), not its bits. Compiled steps, a model whose layers carry hooks (`hidden_features`), and every other model
+part), not its bits. The inputs of the layers that `HFModel.hidden_features` reads (a feature-level draft head's)
+are kept as they pass, at no cost. Compiled steps, a model whose layers carry other hooks, and every other model
 keep transformers' forward.
 """
 
@@ -70,11 +71,9 @@ class LeanLlama:
         return None
 
     def usable(self) -> bool:
-        """Whether this step may run now: the weights it gathered are the model's, no other hook waits on a layer,
-        and the model's own (`HFModel.hidden_features`) are not reading the layers' inputs on this thread."""
+        """Whether this step may run now: the weights it gathered are the model's, and no hook but the model's own
+        (`HFModel.hidden_features`, whose reads `step` serves) waits on a layer."""
         if self._weight_id() != self._first:
-            return False
-        if getattr(getattr(self.hf, "_capture", None), "seen", None) is not None:
             return False
         ours = len(getattr(self.hf, "_hooked", ()))
         return not any(layer._forward_hooks for layer in self.layers) and ours == sum(
@@ -115,7 +114,12 @@ class LeanLlama:
             keep = torch.arange(n - k, n)
         spans = self.fused_spans(packed, fused)
         tiles = dpbf16.tiles_run()
-        for weights, key, value, scaling in zip(self.weights, keys, values, self.scaling, strict=True):
+        # the layers' inputs being read (`HFModel.hidden_features`), as its hooks would see them: [1, T, H]
+        seen = getattr(getattr(self.hf, "_capture", None), "seen", None)
+        reading = self.hf._hooked if seen is not None else ()
+        for i, (weights, key, value, scaling) in enumerate(zip(self.weights, keys, values, self.scaling, strict=True)):
+            if i in reading:
+                seen[i] = hidden[None]  # (each layer returns a new tensor: this one stays as it is)
             hidden = torch.ops.multispec_dpbf16.llama_layer(
                 hidden,
                 weights,

@@ -1,14 +1,14 @@
 """Training data: the target answers the prompt pool, and its next-token distributions are kept.
 
-Hugging Face `generate` returns the raw logits of every generated position (`output_logits`), which
-are exactly the target's next-token distributions the draft must match, so no second target pass is
-needed. Each distribution is kept as its top-K log-probabilities plus the tail mass (the rest): the KL
+The target writes its answers with multispec's own batched engine (`multispec.generate_batch`, `ar`: one cache
+row per prompt, the fast steps of this machine), then scores them in one forward pass per batch for the
+distributions. Each distribution is kept as its top-K log-probabilities plus the tail mass (the rest): the KL
 to this (K + 1)-bucket coarsening is what training minimises, and K = 64 holds most of the mass.
 
 On-policy data (`build_on_policy`): the draft being trained writes the answers instead, and the target
-scores them in one forward pass per batch; the rows have the same form. Training on the draft's own
-continuations teaches it where it actually goes wrong during decoding, which the target's answers alone
-never visit (DistillSpec, Zhou et al. 2023).
+scores them the same way; the rows have the same form. Training on the draft's own continuations teaches it
+where it actually goes wrong during decoding, which the target's answers alone never visit (DistillSpec, Zhou
+et al. 2023).
 
 Shards are written one batch at a time (atomically), so an interrupted run keeps every finished batch
 and a rerun continues after the last one.
@@ -61,37 +61,28 @@ def _answer_length(gen: list[int], eos: int) -> int:
 
 
 @torch.inference_mode()
-def generate_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
-    """One batch of target answers with their top-K teacher distributions (left-padded batch)."""
+def answer_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
+    """One batch of target answers with their top-K teacher distributions: written by the batched engine
+    (prompt i seeded `seed + i`; greedy, or sampled at temperature 1 with nothing cut from the law), then
+    scored (`score_answers`). Answers shorter than two tokens are dropped."""
+    from ...batching import generate_batch
+
     ids = [target.encode(p, chat=True) for p in prompts]
-    pad = target.eos_token_id if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
-    input_ids, mask = _left_padded(ids, pad)
-    torch.manual_seed(seed)
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    out = target.model.generate(
-        input_ids.to(target.device),
-        attention_mask=mask.to(target.device),
-        max_new_tokens=max_new_tokens,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=pad,
-        **sampling,
-    )
-    generated = out.sequences[:, input_ids.shape[1] :].cpu()
-    logits = torch.stack(out.logits, 1)[..., : target.vocab_size].float().cpu()  # [B, steps, V]
-    rows = []
-    for i in range(len(ids)):
-        gen = generated[i].tolist()
-        n = _answer_length(gen, target.eos_token_id)
-        if n >= 2:
-            rows.append(_row(ids[i], gen[:n], logits[i, :n], greedy))
-    return rows
+    results = generate_batch(
+        target, None, ids, "ar", seed=seed, max_new_tokens=max_new_tokens,
+        temperature=0.0 if greedy else 1.0, top_k=0, top_p=1.0,
+    )  # fmt: skip
+    kept = [(i, r.token_ids) for i, r in enumerate(results) if len(r.token_ids) >= 2]
+    return score_answers(target, [ids[i] for i, _ in kept], [a for _, a in kept], greedy, source="target")
 
 
 @torch.inference_mode()
-def score_answers(target, prompt_ids: list[list[int]], answers: list[list[int]], greedy: bool) -> list[dict]:
-    """Rows for answers written elsewhere: the target's distributions at every answer position, from one
-    forward pass over the right-padded batch (right padding keeps every row's positions 0, 1, ...)."""
+def score_answers(
+    target, prompt_ids: list[list[int]], answers: list[list[int]], greedy: bool, source: str = "draft"
+) -> list[dict]:
+    """Rows for written answers (`source`: who wrote them): the target's distributions at every answer
+    position, from one forward pass over the right-padded batch (right padding keeps every row's positions
+    0, 1, ...)."""
     seqs = [p + a for p, a in zip(prompt_ids, answers, strict=True)]
     width = max(len(x) for x in seqs)
     ids = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -105,7 +96,7 @@ def score_answers(target, prompt_ids: list[list[int]], answers: list[list[int]],
     for i, (p, a) in enumerate(zip(prompt_ids, answers, strict=True)):
         # position len(p) - 1 + j predicts answer token j; the head runs on those positions only
         logits = model.lm_head(hidden[i, len(p) - 1 : len(p) - 1 + len(a)])[..., : target.vocab_size]
-        rows.append(_row(p, a, logits.cpu(), greedy, source="draft"))
+        rows.append(_row(p, a, logits.cpu(), greedy, source=source))
     return rows
 
 
@@ -177,8 +168,8 @@ def build_dataset(
         prompts,
         batch_size,
         progress=progress,
-        make_rows=lambda b, chunk: generate_batch(
-            target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b
+        make_rows=lambda b, chunk: answer_batch(
+            target, chunk, max_new_tokens, greedy=(b % greedy_every == 0), seed=seed + b * batch_size
         ),
     )
 

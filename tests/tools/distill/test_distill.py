@@ -437,11 +437,11 @@ def test_training_without_answers_stops_with_a_clear_error(tokenizer, tmp_path):
 
 
 def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer, tmp_path):
-    from multispec.tools.distill.teacher import generate_batch
+    from multispec.tools.distill.teacher import answer_batch
     from multispec.tools.distill.train import _forward
 
     target = _tiny_target(tokenizer)
-    rows = generate_batch(target, ["Say something.", "Name a colour."], 10, greedy=False, seed=0)
+    rows = answer_batch(target, ["Say something.", "Name a colour."], 10, greedy=False, seed=0)
     draft = build_draft(
         target.model, draft_config(target.model.config, hidden=32, layers=1, heads=2, kv_heads=1), init="embeddings"
     )
@@ -454,6 +454,34 @@ def test_training_steps_run_under_bfloat16_autocast_and_match_float32(tokenizer,
     assert draft.lm_head.weight.grad is not None and draft.lm_head.weight.grad.dtype == torch.float32
     with pytest.raises(ValueError, match="training dtype"):
         train(draft, None, rows, rows, [], tmp_path, TrainConfig(dtype="int8"))
+
+
+def test_teacher_rows_hold_the_targets_own_answers_and_its_distributions_along_them(tokenizer):
+    import multispec
+    from multispec.tools.distill.teacher import TOP_K, answer_batch
+
+    target = _tiny_target(tokenizer)
+    prompts = ["Hi.", "Name three colours of the rainbow, please.", "Why?"]  # of different lengths
+    rows = answer_batch(target, prompts, max_new_tokens=6, greedy=True, seed=0)
+    assert len(rows) == 3 and all(r["source"] == "target" and r["greedy"] for r in rows)
+    with torch.no_grad():
+        for text, r in zip(prompts, rows, strict=True):
+            p = target.encode(text, chat=True)
+            assert r["prompt_ids"].tolist() == p
+            # the answer is the target's greedy continuation, token by token without a cache ...
+            seq = list(p)
+            for _ in range(len(r["ids"])):
+                seq.append(int(target.model(torch.tensor([seq])).logits[0, -1].argmax()))
+            assert r["ids"].tolist() == seq[len(p) :]
+            # ... and the stored distributions are the target's at each answer position
+            logits = target.model(torch.tensor([seq])).logits[0, len(p) - 1 : -1]
+            top = torch.log_softmax(logits, -1).topk(TOP_K, -1)
+            assert torch.equal(r["top_idx"].long(), top.indices)
+            assert torch.allclose(r["top_logp"].float(), top.values, atol=2e-2)
+    # sampled: prompt i is seeded seed + i, as `multispec.generate` seeds it
+    sampled = answer_batch(target, prompts, max_new_tokens=6, greedy=False, seed=5)
+    alone = multispec.generate(target, None, prompts[1], "ar", max_new_tokens=6, temperature=1.0, seed=6)
+    assert sampled[1]["ids"].tolist() == alone.token_ids and not sampled[1]["greedy"]
 
 
 def test_on_policy_rows_hold_the_drafts_answers_and_the_targets_distributions_along_them(tokenizer, tmp_path):
