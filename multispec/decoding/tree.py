@@ -502,7 +502,7 @@ register(
         needs_draft=True,
         exact="equals ar in distribution",
         summary="SpecInfer's multi-step speculative sampling on its expansion tree",
-        row_entries=lambda params: tree_entries(params),
+        row_entries=tree_entries,
         params={
             "k_config": k_config_param("1x1x3x1x1x1x1x1", "expansion tree: children per node at each depth"),
             "tree": TREE,

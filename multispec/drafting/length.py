@@ -85,7 +85,7 @@ class DraftLength:
             others = load.others(longest)
             drafting = load.others_drafting()
             waiting = drafting * load.draft_step(1)
-            sharing = 1 + getattr(load, "rows_drafting", lambda: 0)()
+            sharing = 1 + load.rows_drafting()
         best = Plan(None, 0, 1.0, target[target_pending] + self.plain_overhead + waiting)
         best_rate = (1.0 + others[0]) / best.seconds
         for option in options:
