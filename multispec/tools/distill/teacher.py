@@ -220,7 +220,6 @@ def user_turn_prefix(tokenizer) -> str:
     return text.split(marker)[0]
 
 
-@torch.inference_mode()
 def self_written_prompts(
     target,
     n: int,
@@ -233,14 +232,16 @@ def self_written_prompts(
 ) -> list[str]:
     """`n` user messages written by the target itself, sampled at temperature 1 after the chat prefix of
     a user turn: requests in the target's own chat distribution, which a fixed pool of templates does not
-    reach. Only finished turns (ending in the end-of-turn token) of 4+ words that `keep` accepts are kept,
-    without repeats; after 4x the batches that `n` needs it stops with what it has.
+    reach. Written by the batched engine (`generate_batch`, `ar`, nothing cut from the law). Only finished
+    turns (ending in a stop token) of 4+ words that `keep` accepts are kept, without repeats; after 4x the
+    batches that `n` needs it stops with what it has.
 
     `state` ({"batches": done, "prompts": [...]}, as passed to `on_batch(state)` after every batch)
     continues an interrupted call where it stopped, with the same result as an uninterrupted one."""
+    from ...batching import generate_batch
+
     ids = target.tokenizer(user_turn_prefix(target.tokenizer), add_special_tokens=False)["input_ids"]
-    stop = target.eos_token_id
-    pad = stop if target.tokenizer.pad_token_id is None else target.tokenizer.pad_token_id
+    stops = target.stop_tokens
     state = {"batches": 0, "prompts": [], **(state or {})}
     out, seen = list(state["prompts"]), set(state["prompts"])
     for b in range(state["batches"], 4 * -(-n // batch_size)):
@@ -248,23 +249,17 @@ def self_written_prompts(
             break
         # batch b is the same whether or not the call was interrupted before it; every input is the same
         # prefix, so (seed, b) is mixed rather than added: seed + b would make seed 1 repeat seed 0's batches
-        torch.manual_seed(int(np.random.SeedSequence([seed, b]).generate_state(1)[0]))
-        batch = torch.tensor([ids] * batch_size, device=target.device)
-        gen = target.model.generate(
-            batch,
-            attention_mask=torch.ones_like(batch),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=stop,
-        )[:, len(ids) :].tolist()
-        for row in gen:
-            if stop not in row:
+        # (row i of the batch is seeded `first + i`)
+        first = int(np.random.SeedSequence([seed, b]).generate_state(1)[0])
+        results = generate_batch(
+            target, None, [ids] * batch_size, "ar", seed=first, max_new_tokens=max_new_tokens,
+            temperature=1.0, top_k=0, top_p=1.0,
+        )  # fmt: skip
+        for result in results:
+            row = result.token_ids
+            if not row or row[-1] not in stops:
                 continue  # ran out of tokens mid-message
-            text = target.tokenizer.decode(row[: row.index(stop)], skip_special_tokens=True).strip()
+            text = target.tokenizer.decode(row[:-1], skip_special_tokens=True).strip()
             if len(text.split()) >= 4 and text not in seen and keep(text):
                 seen.add(text)
                 out.append(text)
