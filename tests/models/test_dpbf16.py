@@ -176,6 +176,7 @@ def _products(package) -> int:
     return len(re.findall(r"aoti_torch_proxy_executor_call_function\(", source))
 
 
+@pytest.mark.slow  # compiles
 def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_it(
     kernel, tmp_path, monkeypatch, capsys
 ):
@@ -213,6 +214,7 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     assert later.compiles == 0 and later.steps.kernels[(1, 4)] == entry["1x4"]["kernel"]
 
 
+@pytest.mark.slow  # compiles
 def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kernel, tmp_path, monkeypatch):
     # a shape whose race our batch-invariant step won (stored, as an earlier process would have): a draft's
     # feeds (not batch-invariant) run it, with the bits a batch-invariant model's steps give
@@ -249,6 +251,7 @@ def test_a_fast_one_token_step_that_is_the_batch_invariant_one_is_not_timed_agai
     assert model.steps._race_exact() is (fast == hf.INVARIANT_DPBF16)
 
 
+@pytest.mark.slow  # compiles
 def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
@@ -425,6 +428,7 @@ def test_the_attention_gives_a_tree_node_the_bits_of_a_chain_step(kernel):
         pytest.skip("this machine's float32 products give the same bits either way: the wrong variant shows nothing")
 
 
+@pytest.mark.slow  # compiles
 def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kernel, tmp_path, monkeypatch):
     # where a target's steps attend through our kernel, its runner's cache holds bfloat16 (its keys and values are
     # bfloat16 numbers): half the bytes a step reads, and the logits a float32 cache gives, bit for bit
@@ -451,6 +455,7 @@ def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kerne
     assert HFModel(tiny_llama(seed=6).model, None, compile=True).kv_storage() == torch.float32
 
 
+@pytest.mark.slow  # compiles
 @pytest.mark.parametrize("tolerance", [1e9, 0.0])
 def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel, tmp_path, monkeypatch, tolerance):
     # compile=True: the first compiled step of a target times a one-token batch-invariant step on our kernels
