@@ -165,9 +165,25 @@ class RowLoad:
 
     def record(self, key: str, drafted: int, accepted: int) -> None:
         """One verification of a drafter option, into the batch's pooled record (`pooled`)."""
+        self._batcher._exploring.get(key, set()).discard(self._row)
         tries, accepts = self._batcher._pooled.setdefault(key, (np.zeros(MAX_POOLED_GAMMA), np.zeros(MAX_POOLED_GAMMA)))
         tries[: min(accepted + 1, drafted, MAX_POOLED_GAMMA)] += 1
         accepts[: min(accepted, MAX_POOLED_GAMMA)] += 1
+
+    def tried(self, key: str) -> int:
+        """First-position tries of drafter option `key` over the batch's rows: recorded, and being made now."""
+        recorded = self._batcher._pooled.get(key)
+        return int(recorded[0][0] if recorded is not None else 0) + len(self._batcher._exploring.get(key, ()))
+
+    def explores(self, key: str) -> None:
+        """This row tries `key` with one draft in its next iteration (until it records the verdict)."""
+        self._batcher._exploring.setdefault(key, set()).add(self._row)
+
+    def pooled_record(self, key: str, tries: list[float], accepts: list[float]) -> tuple[list[float], list[float]]:
+        """The batch's record of `key` (its rows' past verifications, this row's among them, scaled down as in
+        `pooled`) where it holds more first-position tries than the row's own (`tries`, `accepts`)."""
+        pooled = self.pooled(len(tries)).get(key)
+        return pooled if pooled is not None and pooled[0][0] > tries[0] else (tries, accepts)
 
     def pooled(self, positions: int) -> dict[str, tuple[list[float], list[float]]]:
         """Every drafter option's record over the batch's rows so far, scaled down to at most `POOLED_TRIES` tries
@@ -342,6 +358,7 @@ class Batcher:
                 _ = model.batch_rows
         self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
+        self._exploring: dict[str, set[int]] = {}  # per drafter option: the rows trying it now (`RowLoad.explores`)
         # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
         # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched
         # forwards (the rows' own work: verifying, sampling drafts, committing)
@@ -503,6 +520,8 @@ class Batcher:
         with self._lock:
             self._active.discard(row)
             self._chosen.pop(row, None)
+            for rows in self._exploring.values():
+                rows.discard(row)
             self._free.append(row)
             self._free.sort()
             for cache in self.caches.values():

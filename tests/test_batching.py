@@ -253,6 +253,7 @@ def _batch_of(rows: int, chosen: tuple[int, float, int] = (1, 1.0, 0), draft_ste
         _active=set(range(rows)),
         _chosen=dict.fromkeys(range(1, rows), chosen),
         _pooled={},
+        _exploring={},
         models={"target": model, "draft": model},
         entries=lambda role, rows, width: rows * width,
         scale={"target": 1.0, "draft": 1.0},
@@ -325,6 +326,30 @@ def test_a_joining_row_starts_from_the_batchs_pooled_record():
 
     joining = DraftLength(ForwardCost((1.0,)), None, max_gamma=4, load=load)
     assert joining.rates("model")[:3] == pytest.approx([13 / 15, 13 / 15, 1 / 15])
+
+
+def test_rows_starting_together_share_the_trying_of_a_drafter():
+    # a row tries the draft model with one draft only while the batch holds fewer than EXPLORE tries of it, those
+    # under way counted: rows that start together do not each feed the draft their whole prompt; the others price
+    # it by the batch's record once there is one
+    from multispec.batching import RowLoad
+    from multispec.drafting.base import Option
+    from multispec.drafting.length import EXPLORE, DraftLength
+    from multispec.models.cost import ForwardCost
+
+    batch = _batch_of(8)._batcher
+    options = [Option("model", 6, SimpleNamespace(committed=0), lambda g: None)]
+    cost = ForwardCost((1.0,))
+    rows = [DraftLength(cost, cost, max_gamma=6, load=RowLoad(batch, r)) for r in range(8)]
+    plans = [row.plan(options, 100) for row in rows]
+    trying = [r for r, plan in enumerate(plans) if plan.option is not None]
+    assert trying == list(range(EXPLORE)) and all(plans[r].length == 1 for r in trying)
+    assert batch._exploring["model"] == set(trying)
+    for r in trying:  # their verdicts: the draft accepted each time
+        rows[r].observe("model", 1, 1)
+    assert batch._exploring["model"] == set() and RowLoad(batch, 7).tried("model") == EXPLORE
+    assert rows[7].rates("model")[0] == pytest.approx((EXPLORE + 1) / (EXPLORE + 3))  # the batch's record
+    assert not rows[7]._explores("model", RowLoad(batch, 7))  # it makes no try of its own
 
 
 def test_the_batch_prices_what_the_other_rows_commit():

@@ -64,6 +64,8 @@ class DraftLength:
     def rates(self, key: str) -> list[float]:
         tries = self.tries.get(key, [0.0] * self.max_gamma)
         accepts = self.accepts.get(key, [0.0] * self.max_gamma)
+        if tries[0] < EXPLORE and self.load is not None:  # a row that left the trying to others: the batch's record
+            tries, accepts = self.load.pooled_record(key, tries, accepts)
         return [(a + PRIOR_ACCEPT) / (t + PRIOR_ACCEPT + PRIOR_REJECT) for a, t in zip(accepts, tries, strict=True)]
 
     def plan(self, options: list[Option], tokens: int, target_pending: int = 1) -> Plan:
@@ -107,11 +109,23 @@ class DraftLength:
                 seconds += first + (max(g, drafting) - 1) * later if catch_up else waiting
                 if catch_up and drafting:
                     seconds += min(g, drafting) * later / sharing
-                if g == 1 and self.tries.get(option.key, [0.0])[0] < EXPLORE:
+                if g == 1 and self._explores(option.key, load):
+                    if load is not None:
+                        load.explores(option.key)
                     return self._chose(Plan(option, 1, expected, seconds), target_pending)
                 if (expected + others[g]) / seconds > best_rate:
                     best, best_rate = Plan(option, g, expected, seconds), (expected + others[g]) / seconds
         return self._chose(best, target_pending)
+
+    def _explores(self, key: str, load) -> bool:
+        """Whether this sequence tries option `key` with one draft now: its record of it is shorter than EXPLORE
+        tries and, in a batch, its rows have not tried it EXPLORE times between them (those trying it now
+        included). Rows that start together so share the trying instead of each paying for it: a draft model's
+        first try feeds it the row's whole prompt, which in a batch cost more than the drafting won
+        (docs/serving.md). The others price the option by the batch's record (`rates`)."""
+        if self.tries.get(key, [0.0])[0] >= EXPLORE:
+            return False
+        return load is None or load.tried(key) < EXPLORE
 
     def _chose(self, plan: Plan, target_pending: int) -> Plan:
         """`plan`, told to the batch (`load.chose`) for the other rows' prices."""
