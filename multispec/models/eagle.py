@@ -22,6 +22,7 @@ The layout is the `speculators` one that vLLM and SGLang read (`config.json` wit
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass, field
@@ -223,6 +224,9 @@ class EagleDraft(LanguageModel):
         # how often the target wrote each token (`models.vocab`: `draft_vocab=N` keeps the N most frequent)
         self.token_counts: torch.Tensor | None = None
         self._cuts: dict[tuple[int, ...], EagleDraft] = {}
+        # whether its linear maps run on packed weights (`linears.pack`: oneDNN's or our AMX tile kernel's, where
+        # they ran faster here); None until the first forward decides
+        self.packed_linears: bool | None = None
 
     def with_head_rows(self, ids: torch.Tensor) -> EagleDraft:
         """This head drafting only the target ids `ids` ([n]): its logits are those ids', in that order (-inf for an
@@ -268,8 +272,21 @@ class EagleDraft(LanguageModel):
         source = None if cache is None else cache.source
         return None if source is None else source.features
 
+    def _linears(self):
+        """The context the head's steps run in: its linear maps on packed weights where `linears.pack` chose them
+        (decided once, at the first forward: a race of about a second, remembered per machine)."""
+        from . import linears
+
+        if self.packed_linears is None:
+            self.packed_linears = linears.packable(self.head) is None and linears.pack(self.head)[0]
+        return linears.active() if self.packed_linears else contextlib.nullcontext()
+
     @torch.inference_mode()
     def forward(self, cache, tokens, positions=None, mask=None, logits_to_keep=0, fused_prefix=0, batch_invariant=True):
+        with self._linears():
+            return self._forward(cache, tokens, positions, mask, logits_to_keep)
+
+    def _forward(self, cache, tokens, positions, mask, logits_to_keep):
         b, n = tokens.shape
         past = cache.length
         if cache.keys.shape[0] != b:

@@ -147,6 +147,25 @@ def test_gamma_auto_prices_a_heads_rows_in_a_batch(target):
     assert got == ar
 
 
+def test_a_heads_linear_maps_run_on_packed_weights_where_they_won_here(target, tmp_path, monkeypatch):
+    # the head's products, as the target's eager steps', on weights packed once where that ran faster here
+    # (`linears.pack`): here forced to win, the head gives the logits its plain weights give
+    from multispec.models import linears
+
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))  # a kernel store of its own
+    monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "_TILES", {})
+    monkeypatch.setattr(linears, "GAIN", 1e9)  # packed wins whatever the timings
+    packed, plain = (EagleDraft(new_head(target, seed=6), target) for _ in range(2))
+    plain.packed_linears = False
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    got = packed.forward(packed.new_cache(), tokens)
+    assert packed.packed_linears is True
+    assert all(linears.packed_kind(m) is not None for m in linears._linears(packed.head))
+    want = plain.forward(plain.new_cache(), tokens)
+    assert torch.allclose(got, want, atol=1e-4) and not torch.isinf(want).all()
+
+
 def _speculators_head(folder, target, midlayer=False, embed=False, seed=0):
     """A tiny random head written by hand in the speculators layout (names and config as vLLM reads them), not
     through `save_eagle`."""
