@@ -182,22 +182,29 @@ class RowLoad:
     def pooled_record(self, key: str, tries: list[float], accepts: list[float]) -> tuple[list[float], list[float]]:
         """The batch's record of `key` (its rows' past verifications, this row's among them, scaled down as in
         `pooled`) where it holds more first-position tries than the row's own (`tries`, `accepts`)."""
-        pooled = self.pooled(len(tries)).get(key)
-        return pooled if pooled is not None and pooled[0][0] > tries[0] else (tries, accepts)
+        recorded = self._batcher._pooled.get(key)
+        if recorded is None or min(recorded[0][0], POOLED_TRIES) <= tries[0]:
+            return tries, accepts
+        return self._scaled(*recorded, len(tries))
+
+    @staticmethod
+    def _scaled(tries: np.ndarray, accepts: np.ndarray, positions: int) -> tuple[list[float], list[float]]:
+        """A pooled record scaled down to at most `POOLED_TRIES` first-position tries, `positions` long."""
+        scale = min(1.0, POOLED_TRIES / tries[0]) if tries[0] else 0.0
+        pad = max(0, positions - MAX_POOLED_GAMMA)
+        return (
+            [*(tries[:positions] * scale).tolist(), *[0.0] * pad],
+            [*(accepts[:positions] * scale).tolist(), *[0.0] * pad],
+        )
 
     def pooled(self, positions: int) -> dict[str, tuple[list[float], list[float]]]:
         """Every drafter option's record over the batch's rows so far, scaled down to at most `POOLED_TRIES` tries
         at the first position: a joining row's prior, which its own record soon outweighs (the spec's "pooled
         history early on"). Past verifications of other rows only, so the row's law is untouched."""
-        out = {}
-        for key, (tries, accepts) in list(self._batcher._pooled.items()):
-            scale = min(1.0, POOLED_TRIES / tries[0]) if tries[0] else 0.0
-            pad = max(0, positions - MAX_POOLED_GAMMA)
-            out[key] = (
-                [*(tries[:positions] * scale).tolist(), *[0.0] * pad],
-                [*(accepts[:positions] * scale).tolist(), *[0.0] * pad],
-            )
-        return out
+        return {
+            key: self._scaled(tries, accepts, positions)
+            for key, (tries, accepts) in list(self._batcher._pooled.items())
+        }
 
 
 class RowModel(LanguageModel):

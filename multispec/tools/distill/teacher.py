@@ -68,9 +68,10 @@ def answer_batch(target, prompts: list[str], max_new_tokens: int, greedy: bool, 
     from ...batching import generate_batch
 
     ids = [target.encode(p, chat=True) for p in prompts]
+    # (not scored here: score_answers scores them, once)
     results = generate_batch(
         target, None, ids, "ar", seed=seed, max_new_tokens=max_new_tokens,
-        temperature=0.0 if greedy else 1.0, top_k=0, top_p=1.0,
+        temperature=0.0 if greedy else 1.0, top_k=0, top_p=1.0, score=False,
     )  # fmt: skip
     kept = [(i, r.token_ids) for i, r in enumerate(results) if len(r.token_ids) >= 2]
     return score_answers(target, [ids[i] for i, _ in kept], [a for _, a in kept], greedy, source="target")
@@ -253,7 +254,7 @@ def self_written_prompts(
         first = int(np.random.SeedSequence([seed, b]).generate_state(1)[0])
         results = generate_batch(
             target, None, [ids] * batch_size, "ar", seed=first, max_new_tokens=max_new_tokens,
-            temperature=1.0, top_k=0, top_p=1.0,
+            temperature=1.0, top_k=0, top_p=1.0, score=False,
         )  # fmt: skip
         for result in results:
             row = result.token_ids
