@@ -5,6 +5,10 @@ draft and with the head, one after the other, and `ar` once: paired speeds, toke
 acceptance, and the draft's seconds per drafted token against the target's seconds per call.
 
     python benchmarks/eagle_head.py --head runs/head/eagle --out benchmarks/results/eagle-head/run.json
+
+`--pool-after N` runs held-out prompts of the training pool instead (those after the first N, which a run of
+`distill --prompts N` trained on): where both drafts agree with the target more there than on the evaluation
+sets, the gap between them is the head's, not the prompts'.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from multispec import generate, load_pair
 from multispec.machine import describe_device
 from multispec.models.eagle import load_eagle
 from multispec.tools.bench.prompts import load_prompts
+from multispec.tools.distill.prompts import default_data_dir, prompt_pool
 
 METHODS = ("sd:gamma=1", "sd:gamma=4", "sd:gamma=auto,drafter=hybrid", "mcsd:tree=auto")
 
@@ -30,14 +35,26 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, action="append", default=None)
     ap.add_argument("--method", action="append", default=None)
+    ap.add_argument(
+        "--pool-after",
+        type=int,
+        default=None,
+        help="held-out training-pool prompts (those after the first N) instead of MT-Bench and Spec-Bench dev",
+    )
     args = ap.parse_args()
     pair = load_pair()
     head = load_eagle(args.head, pair.target)
     drafts = {"draft": pair.draft, "head": head}
     methods = args.method or list(METHODS)
-    prompts = [
-        p for name in ("mt-bench", "spec-bench-dev") for p in load_prompts([name], limit=args.prompts, spread=True)
-    ]
+    if args.pool_after is not None:
+        pool = prompt_pool(default_data_dir())  # distill's order (its default seed)
+        prompts = pool[args.pool_after : args.pool_after + 2 * args.prompts]
+    else:
+        prompts = [
+            p.text
+            for name in ("mt-bench", "spec-bench-dev")
+            for p in load_prompts([name], limit=args.prompts, spread=True)
+        ]
     rows = []
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,12 +62,12 @@ def main() -> None:
     for temperature in args.temperature or [0.0, 1.0]:
         for i, prompt in enumerate(prompts):
             common = dict(temperature=temperature, max_new_tokens=args.max_new_tokens, seed=i)
-            ar = generate(pair.target, None, prompt.text, method="ar", **common)
+            ar = generate(pair.target, None, prompt, method="ar", **common)
             rows.append({"T": temperature, "prompt": i, "method": "ar", "drafts": None, **_measures(ar)})
             progress.write(json.dumps(rows[-1]) + "\n")
             for method in methods:
                 for name, draft in drafts.items():
-                    r = generate(pair.target, draft, prompt.text, method=method, **common)
+                    r = generate(pair.target, draft, prompt, method=method, **common)
                     row = {"T": temperature, "prompt": i, "method": method, "drafts": name, **_measures(r)}
                     row["speed_over_ar"] = row["tokens_per_second"] / _ar(rows, temperature, i)
                     if temperature == 0:
@@ -64,6 +81,7 @@ def main() -> None:
         "machine": describe_device(pair.target.device),
         "head": args.head,
         "prompts": len(prompts),
+        "prompt_set": f"training pool after {args.pool_after}" if args.pool_after is not None else "evaluation",
         "max_new_tokens": args.max_new_tokens,
         "summary": summary,
         "rows": rows,
