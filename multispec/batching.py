@@ -283,12 +283,13 @@ class RowModel(LanguageModel):
             return measure(self._model)
         return self._batcher.alone(lambda: measure(self._model))
 
-    def with_head_rows(self, ids: torch.Tensor) -> RowModel | None:
+    def with_head_rows(self, ids: torch.Tensor, draft_vocab: int | None = None) -> RowModel | None:
         """This row on the model with an output head of only the rows `ids` (a reduced draft vocabulary,
-        `multispec.models.vocab`): the same row of the same batch cache, whose batched forwards run the cut head."""
+        `multispec.models.vocab`; `draft_vocab` as `HFModel.with_head_rows` takes it): the same row of the same
+        batch cache, whose batched forwards run the cut head."""
         if not hasattr(type(self._model), "with_head_rows"):
             return None  # a model without one is masked whole (`reduce_vocab`)
-        return RowModel(self._batcher, self._role, self._model.with_head_rows(ids), self._row)
+        return RowModel(self._batcher, self._role, self._model.with_head_rows(ids, draft_vocab), self._row)
 
     def crop(self, cache, length: int) -> None:
         self._model.crop(cache, length)

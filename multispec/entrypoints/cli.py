@@ -431,6 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     pc.add_argument("--only", default=None, choices=["target", "draft"], help="one model of the pair")
     pc.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the draft cut to its N most frequent tokens (what `draft_vocab=N` runs) instead of the whole draft",
+    )
+    pc.add_argument(
         "--background",
         action="store_true",
         help="run as the background worker: at a lower priority, progress in its status file (`multispec cache`)",
@@ -1052,6 +1059,8 @@ def cmd_compile(args) -> int:
     from ..models.hf import background
 
     roles = [args.only] if args.only else ["target", "draft"]
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        raise ValueError(f"--draft-vocab {args.draft_vocab}: a number of tokens, at least 1")
     if args.draft is None and args.target is not None and args.only != "draft":
         roles = ["target"]  # a hub target has no default draft
     if args.background:
@@ -1062,6 +1071,8 @@ def cmd_compile(args) -> int:
         if args.background:  # what `multispec cache` shows of it
             for role in roles:
                 name = (args.target if role == "target" else args.draft) or ""
+                if role == "draft" and args.draft_vocab is not None:
+                    name = f"{name}|draft_vocab={args.draft_vocab}"
                 path = background.status_path(name, role, f"torch.{args.dtype}", args.device)
                 if path.exists():
                     background.write_status(path, state="failed", error=f"{type(e).__name__}: {e}"[:500])
@@ -1073,6 +1084,7 @@ def _compile_models(args, roles: list[str]) -> None:
     from ..api import load_model
     from ..models.default import DRAFT_NAME
     from ..models.hf import background
+    from ..models.vocab import reduce_vocab
     from ..tools.prepare import run
 
     with background.compile_lock("multispec: another process is compiling on this machine; waiting for it ..."):
@@ -1081,6 +1093,8 @@ def _compile_models(args, roles: list[str]) -> None:
             name = args.target if role == "target" else args.draft
             extra = {"default": DRAFT_NAME} if role == "draft" else {}
             model = load_model(name, args.device, dtype=args.dtype, compile=True, role=role, **extra)
+            if role == "draft" and args.draft_vocab is not None:
+                model = reduce_vocab(model, args.draft_vocab).scorer
             if not getattr(model, "compile", False):
                 print(f"multispec: {model.name} cannot be compiled (a dynamic cache)", file=sys.stderr)
                 continue

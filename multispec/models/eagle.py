@@ -228,10 +228,10 @@ class EagleDraft(LanguageModel):
         # they ran faster here); None until the first forward decides
         self.packed_linears: bool | None = None
 
-    def with_head_rows(self, ids: torch.Tensor) -> EagleDraft:
+    def with_head_rows(self, ids: torch.Tensor, draft_vocab: int | None = None) -> EagleDraft:
         """This head drafting only the target ids `ids` ([n]): its logits are those ids', in that order (-inf for an
         id outside its draft vocabulary). Its output head keeps only their rows; every other weight and buffer is
-        shared (a reduced draft vocabulary, `models.vocab`)."""
+        shared (a reduced draft vocabulary, `models.vocab`). `draft_vocab` is not read: a head runs eagerly."""
         key = tuple(ids.tolist())
         if key not in self._cuts:
             where = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.ids.device)

@@ -106,14 +106,15 @@ def reduce_vocab(model: LanguageModel, n: int, ids: torch.Tensor | None = None) 
     made = _REDUCED.setdefault(model, {}) if ids is None else {}
     if n in made:
         return made[n]
-    if ids is None:
+    ranked = ids is None  # the n most frequent: a background worker can cut the same head again
+    if ranked:
         ids = top_ids(token_counts(model), n, model.stop_tokens)
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.numel() != n or ids.unique().numel() != n or int(ids.min()) < 0 or int(ids.max()) >= model.vocab_size:
         raise ValueError(f"draft_vocab: {n} distinct token ids below {model.vocab_size} are needed")
     # the class's method: a stand-in's attribute lookups reach its model; None where the head cannot be cut
     cut = getattr(type(model), "with_head_rows", None)
-    made[n] = ReducedVocab(model, ids, cut(model, ids) if cut is not None else None)
+    made[n] = ReducedVocab(model, ids, cut(model, ids, n if ranked else None) if cut is not None else None)
     return made[n]
 
 

@@ -55,7 +55,7 @@ def run(models: list[tuple[object, str]], in_background: bool = False) -> list[d
 
     results = []
     for model, role in models:
-        status = background.status_path(model.source or model.name, role, model.dtype, model.device)
+        status = background.status_path(background.worker_source(model), role, model.dtype, model.device)
         if in_background:
             try:
                 results.append(prepare_model(model, role, status=status))

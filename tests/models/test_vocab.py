@@ -94,3 +94,37 @@ def test_greedy_with_a_reduced_draft_is_greedy_ar(method):
     ar = generate(target, None, prompt, method="ar", temperature=0, max_new_tokens=24, score=False)
     out = generate(target, draft, prompt, method=method, temperature=0, max_new_tokens=24, score=False, draft_vocab=8)
     assert out.token_ids == ar.token_ids
+
+
+def test_a_cut_head_of_a_draft_compiled_by_default_is_settled_as_the_draft_was(monkeypatch):
+    # `compile="auto"`: the cut head gets the same policy (compiled where its steps are kept, else eager while a
+    # background worker makes them), not a compile in the foreground of a first run
+    from multispec.models.hf import HFModel, background
+
+    base = tiny_llama(vocab=64, seed=4)
+    draft = HFModel(base.model, None, name="tiny-draft", compile="auto", source="tiny-draft-folder")
+    draft.enable_compile()  # as `background.settle` does where the draft's steps are kept
+    draft.token_counts = torch.arange(64).flip(0)
+    settled = []
+    monkeypatch.setattr(background, "settle", lambda hf, role: settled.append((hf, role)))
+    cut = reduce_vocab(draft, 16).scorer
+    assert cut is not draft and cut.auto_compile and not cut.compile and settled == [(cut, "draft")]
+    # a worker loads the draft from where it came and cuts the same rows: its status is the cut head's own
+    assert (cut.source, cut.draft_vocab) == ("tiny-draft-folder", 16)
+    assert background.worker_source(cut) != background.worker_source(draft)
+    command = background.worker_command(cut, "draft")
+    assert command[command.index("--draft") + 1] == "tiny-draft-folder"
+    assert command[command.index("--draft-vocab") + 1] == "16"
+    # rows chosen by the caller cannot be cut again by a worker: such a head stays eager (no source)
+    chosen = draft.with_head_rows(torch.tensor([3, 1, 4, 15]))
+    assert chosen.source is None and chosen.draft_vocab is None and not chosen.compile
+    # a draft compiled because the caller asked (compile=True) cuts heads compiled the same way
+    asked = HFModel(base.model, None, name="tiny-draft-asked", compile=True)
+    assert asked.with_head_rows(torch.tensor([3, 1, 4, 15])).compile
+
+
+def test_compile_refuses_a_draft_vocabulary_of_no_tokens(capsys):
+    from multispec.entrypoints.cli import main
+
+    assert main(["compile", "--only", "draft", "--draft-vocab", "0"]) != 0
+    assert "--draft-vocab 0: a number of tokens" in capsys.readouterr().err

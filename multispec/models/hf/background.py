@@ -251,6 +251,14 @@ def _worker_id(source: str, role: str, dtype, device) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+def worker_source(hf) -> str:
+    """What names a model's worker and its status: where the model was loaded from, and, for a draft cut to its
+    most frequent tokens (`HFModel.with_head_rows`), how many it keeps."""
+    base = getattr(hf, "source", None) or hf.name
+    kept = getattr(hf, "draft_vocab", None)
+    return f"{base}|draft_vocab={kept}" if kept else base
+
+
 def status_path(source: str, role: str, dtype, device) -> Path:
     return folder() / f"{_worker_id(source, role, dtype, device)}.json"
 
@@ -293,7 +301,7 @@ def workers() -> list[dict]:
 
 def last_status(hf: HFModel, role: str) -> dict | None:
     """The last status a worker for this model and role wrote on this machine, if any."""
-    path = status_path(hf.source or hf.name, role, hf.dtype, hf.device)
+    path = status_path(worker_source(hf), role, hf.dtype, hf.device)
     try:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -308,31 +316,28 @@ def worker_for(hf: HFModel, role: str) -> dict | None:
     return entry if live else None
 
 
+def worker_command(hf: HFModel, role: str) -> list[str]:
+    """The command of a background worker that compiles `hf`'s steps for `role` (`multispec compile`)."""
+    command = [sys.executable, "-m", "multispec", "compile", f"--{role}", hf.source, "--only", role]
+    if getattr(hf, "draft_vocab", None):  # the draft's head cut again to its most frequent tokens
+        command += ["--draft-vocab", str(hf.draft_vocab)]
+    return [*command, "--dtype", str(hf.dtype).removeprefix("torch."), "--device", str(hf.device), "--background"]
+
+
 def spawn(hf: HFModel, role: str) -> int:
     """Start a background worker that compiles `hf`'s steps for `role`; returns its process id. Its output goes to
     a log beside its status."""
     folder().mkdir(parents=True, exist_ok=True)
-    source = hf.source
+    source = worker_source(hf)
     path = status_path(source, role, hf.dtype, hf.device)
     log = path.with_suffix(".log")
-    command = [
-        sys.executable,
-        "-m",
-        "multispec",
-        "compile",
-        f"--{role}",
-        source,
-        "--only",
-        role,
-        "--dtype",
-        str(hf.dtype).removeprefix("torch."),
-        "--device",
-        str(hf.device),
-        "--background",
-    ]
     with open(log, "w") as out:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            worker_command(hf, role),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     write_status(path, model=hf.name, source=source, role=role, pid=process.pid, state="queued", done=0)
     look_again()  # the next generation looks, and stops it

@@ -14,6 +14,7 @@ from ...console import note
 from .. import dpbf16, linears, packaged, static, vocab
 from ..base import LanguageModel
 from ..static import bucket
+from . import background
 from .background import AUTO
 from .compiled import CompiledSteps
 from .dynamic import DynamicSteps
@@ -46,6 +47,7 @@ class HFModel(LanguageModel):
         # where it was loaded from (a default model's name, a hub id or a folder): what a background compile
         # worker loads (`background.py`); None for a model built in memory
         self.source = source
+        self.draft_vocab: int | None = None  # a cut head's rows, where a worker can cut it again (`with_head_rows`)
         # compile="auto": eager until `background.settle` decides for this process (the loader calls it, knowing
         # whether the model is a target or a draft)
         self.auto_compile = compile == AUTO
@@ -209,9 +211,19 @@ class HFModel(LanguageModel):
             loaded.token_counts = vocab.read_token_counts(name_or_path)
         return loaded
 
-    def with_head_rows(self, ids: torch.Tensor) -> HFModel:
+    def with_head_rows(self, ids: torch.Tensor, draft_vocab: int | None = None) -> HFModel:
         """This model with an output head of only the rows `ids` ([n]: its logits are those tokens', in that order),
-        sharing every other weight (a reduced draft vocabulary, `multispec.models.vocab`)."""
+        sharing every other weight (a reduced draft vocabulary, `multispec.models.vocab`).
+
+        Args:
+            ids: [n] token ids, the head's rows in order.
+            draft_vocab: n, where `ids` are this model's n most frequent tokens (`vocab.reduce_vocab`), which a
+                background worker can cut again from the same files.
+
+        Returns:
+            An `HFModel` of n logits a position. Of a model made with `compile="auto"`, it is settled as the model
+            was (`background.settle`): compiled where its steps are kept here, else eager while a worker makes
+            them (never a compile in the foreground of a first run)."""
         key = tuple(ids.tolist())
         if key in self._heads:
             return self._heads[key]
@@ -234,12 +246,23 @@ class HFModel(LanguageModel):
         shell._modules = dict(self.model._modules)
         shell.set_output_embeddings(small)
         compile = INVARIANT if self.steps.kernel == INVARIANT and self.compile else self.compile
+        if self.auto_compile:
+            compile = AUTO
         if len(self._heads) >= MAX_HEADS:  # each holds a copy of its rows: a bounded number are kept
             self._heads.pop(next(iter(self._heads)))
-        self._heads[key] = HFModel(
-            shell, None, name=f"{self.name}[head={ids.numel()}]", chat=self.use_chat_template, compile=compile
+        cut = HFModel(
+            shell,
+            None,
+            name=f"{self.name}[head={ids.numel()}]",
+            chat=self.use_chat_template,
+            compile=compile,
+            source=self.source if draft_vocab else None,
         )
-        return self._heads[key]
+        cut.draft_vocab = draft_vocab
+        if cut.auto_compile:
+            background.settle(cut, "draft")
+        self._heads[key] = cut
+        return cut
 
     def decoder_layers(self) -> torch.nn.ModuleList:
         """The model's decoder layers, in order (transformers' `model.layers` of a causal LM)."""
