@@ -43,6 +43,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--prompts", type=int, default=10, help="held-out prompts from each set for the coverage")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--sizes",
+        default=",".join(str(n) for n in SIZES),
+        help="comma-separated draft vocabularies, 0 for the whole draft (where the draft compiles by default, give "
+        "the sizes `multispec compile --only draft --draft-vocab N` made: the others run eagerly)",
+    )
     args = ap.parse_args()
     pair = load_pair()
     target, draft = pair.target, pair.draft
@@ -54,7 +60,7 @@ def main() -> None:
     seen = torch.bincount(torch.tensor(answers), minlength=target.vocab_size)
     target_step = step_seconds(target)
     rows = []
-    for n in SIZES:
+    for n in (int(size) for size in args.sizes.split(",")):
         model = draft if n == 0 else reduce_vocab(draft, n)
         kept = torch.ones(target.vocab_size, dtype=torch.bool)
         if n:
@@ -65,6 +71,7 @@ def main() -> None:
             {
                 "draft_vocab": n or target.vocab_size,
                 "draft_step_ms": round(seconds * 1e3, 3),
+                "compiled": bool(getattr(getattr(model, "scorer", model), "compile", False)),
                 "draft_step_over_target": round(seconds / target_step, 4),
                 "target_tokens_kept": round(float(seen[kept].sum() / seen.sum()), 4),
             }
