@@ -107,11 +107,32 @@ def test_a_chain_fed_with_the_prompt_gets_the_bits_of_one_token_steps(monkeypatc
     # known-wrong: the drafts attended through torch's fused attention with the prompt
     spans = LeanLlama.fused_spans
     monkeypatch.setattr(
-        LeanLlama, "fused_spans", staticmethod(lambda packed, fused: [0, 204] if fused else spans(packed, fused))
+        LeanLlama,
+        "fused_spans",
+        staticmethod(lambda packed, fused, *rows: [0, 204] if fused else spans(packed, fused, *rows)),
     )
     wrong = _scored_after_a_prompt(model, 4, step_by_step=False)
     if torch.equal(wrong, chain):
         pytest.skip("this machine's fused attention gives the steps' bits: the wrong variant shows nothing")
+
+
+def test_each_row_of_a_cache_of_several_gets_the_logits_it_gets_alone(monkeypatch):
+    # beam search and its kin feed several rows of one cache (not packed): every row is computed and returned,
+    # with its own cache row, the bits it gets fed alone (its prompt with fused attention, then a step)
+    model = _model()
+    calls = []
+    step = type(model.lean()).step
+    monkeypatch.setattr(type(model.lean()), "step", lambda self, *a: calls.append(1) or step(self, *a))
+    prompts = torch.randint(256, (3, 20), generator=torch.Generator().manual_seed(5))
+    nxt = torch.tensor([[7], [8], [9]])
+    cache = model.new_cache()
+    first = model.forward(cache, prompts, fused_prefix=19)
+    then = model.forward(cache, nxt)
+    assert calls and first.shape == (3, 20, 256) and then.shape == (3, 1, 256)
+    for row in range(3):
+        alone = model.new_cache()
+        assert torch.equal(model.forward(alone, prompts[row : row + 1], fused_prefix=19)[0], first[row])
+        assert torch.equal(model.forward(alone, nxt[row : row + 1])[0], then[row])
 
 
 def _read_layers(model, layers=(0, 1)) -> tuple[list[torch.Tensor], torch.Tensor]:

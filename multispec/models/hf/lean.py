@@ -7,12 +7,12 @@ the model runs on our AMX tile kernel (`linears`, the race won here) and its att
 call per layer (norm, products, rotary embedding, cache writes, attention, MLP, residuals), then the final norm and
 the output head on the kept tokens only.
 
-Every part works token by token with its sums in one order, so a token gets the same bits whatever else is fed
-with it: single steps and batched steps (`HFModel.forward_rows`) go through here alike, and a sequence keeps its
-logits alone and in a batch. The numbers are close to transformers' (the same roundings to bfloat16 after each
-part), not its bits. The inputs of the layers that `HFModel.hidden_features` reads (a feature-level draft head's)
-are kept as they pass, at no cost. Compiled steps, a model whose layers carry other hooks, and every other model
-keep transformers' forward.
+Every part works token by token with its sums in one order, so a token gets the same bits whatever else is fed with it:
+single steps, the steps of a cache of several rows (beam search's hypotheses, laid end to end) and batched steps
+(`HFModel.forward_rows`) go through here alike, and a sequence keeps its logits alone and in a batch. The numbers are
+close to transformers' (the same roundings to bfloat16 after each part), not its bits. The inputs of the layers that
+`HFModel.hidden_features` reads (a feature-level draft head's) are kept as they pass, at no cost. Compiled steps, a
+model whose layers carry other hooks, and every other model keep transformers' forward.
 """
 
 from __future__ import annotations
@@ -81,11 +81,12 @@ class LeanLlama:
         )
 
     @staticmethod
-    def fused_spans(packed, fused: int) -> list[int]:
+    def fused_spans(packed, fused: int, rows: int = 1, n: int = 0) -> list[int]:
         """The (start, count) pairs, flat, of the tokens that attend through torch's fused attention: a prompt's
-        first tokens fed into an empty row (`HFModel.forward`'s `fused_prefix`, a packed step's groups)."""
+        first tokens fed into empty rows (`HFModel.forward`'s `fused_prefix`: the first `fused` of each of an
+        unpacked step's `rows` rows of n tokens; a packed step's groups)."""
         if packed is None:
-            return [0, fused] if fused else []
+            return [x for row in range(rows) for x in (row * n, fused)] if fused else []
         spans = []
         for group in packed.groups:
             if group.fused:
@@ -98,28 +99,32 @@ class LeanLlama:
 
     @torch.inference_mode()
     def step(self, ids, positions, masks, slots, keys, values, logits_to_keep, fused, packed) -> torch.Tensor:
-        """`HFModel.step`'s arguments (a single sequence's step, or a packed one with `packed`); returns the kept
-        logits [1, k, vocab] in bfloat16, as transformers' forward would."""
-        n = ids.shape[1]
-        hidden = self.model.model.embed_tokens(ids)[0].contiguous()  # [T, H]
+        """`HFModel.step`'s arguments (the step of a cache's b rows, each fed n tokens, or a packed one with
+        `packed`); returns the kept logits in bfloat16, as transformers' forward would: [b, k, vocab], or
+        [1, k, vocab] for a packed step."""
+        b, n = ids.shape
+        # the rows' tokens end to end, each with its cache row and slot: [T = b * n, H]
+        hidden = self.model.model.embed_tokens(ids).reshape(b * n, -1).contiguous()
         cos, sin = self.model.model.rotary_emb(hidden.new_empty(1, dtype=torch.float32), positions)
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, d] float32
+        cos, sin = cos.reshape(b * n, -1).contiguous(), sin.reshape(b * n, -1).contiguous()  # [T, d] float32
         if packed is not None:
             rows, slots, mask = packed.token_rows, packed.token_slots, packed.token_masks()
             keep = logits_to_keep
         else:
-            rows = torch.zeros(n, dtype=torch.long)
-            mask = masks[0, 0].float().contiguous()  # [T, K] additive
+            rows = torch.arange(b).repeat_interleave(n)
+            slots = slots.repeat(b)  # [width]: every row writes the same slots
+            mask = masks[:, 0].expand(b, -1, -1).reshape(b * n, -1).float().contiguous()  # [T, K] additive
             k = logits_to_keep or n
-            keep = torch.arange(n - k, n)
-        spans = self.fused_spans(packed, fused)
+            keep = (torch.arange(b)[:, None] * n + torch.arange(n - k, n)[None, :]).flatten()
+        spans = self.fused_spans(packed, fused, b, n)
         tiles = dpbf16.tiles_run()
-        # the layers' inputs being read (`HFModel.hidden_features`), as its hooks would see them: [1, T, H]
+        # the layers' inputs being read (`HFModel.hidden_features`), as its hooks would see them: [b, n, H]
         seen = getattr(getattr(self.hf, "_capture", None), "seen", None)
         reading = self.hf._hooked if seen is not None else ()
         for i, (weights, key, value, scaling) in enumerate(zip(self.weights, keys, values, self.scaling, strict=True)):
             if i in reading:
-                seen[i] = hidden[None]  # (each layer returns a new tensor: this one stays as it is)
+                # (each layer returns a new tensor: this one stays as it is)
+                seen[i] = hidden.view(b, n, -1) if packed is None else hidden[None]
             hidden = torch.ops.multispec_dpbf16.llama_layer(
                 hidden,
                 weights,
@@ -140,4 +145,5 @@ class LeanLlama:
             )
         hidden = torch.ops.multispec_dpbf16.norm(hidden[keep].contiguous(), self.model.model.norm.weight, self.eps)
         with linears.active():
-            return self.model.lm_head(hidden)[None]
+            logits = self.model.lm_head(hidden)
+        return logits[None] if packed is not None else logits.view(b, -1, logits.shape[-1])
