@@ -490,6 +490,8 @@ class HFModel(LanguageModel):
                 kernel=kernel,
             )
         cache.length = past + n
+        if logits.shape[0] != inputs.ids.shape[0]:  # a step that drops rows would decode the others' tokens
+            raise RuntimeError(f"the eager step returned {logits.shape[0]} rows for {inputs.ids.shape[0]} fed")
         return logits[:, :keep, : self.vocab_size].float()  # the padding rows come last
 
     def _forward_graphed(self, cache, inputs: StepInputs, logits_to_keep, again, batch_invariant):
