@@ -1071,8 +1071,7 @@ def cmd_compile(args) -> int:
         if args.background:  # what `multispec cache` shows of it
             for role in roles:
                 name = (args.target if role == "target" else args.draft) or ""
-                if role == "draft" and args.draft_vocab is not None:
-                    name = f"{name}|draft_vocab={args.draft_vocab}"
+                name = background.source_key(name, args.draft_vocab if role == "draft" else None)
                 path = background.status_path(name, role, f"torch.{args.dtype}", args.device)
                 if path.exists():
                     background.write_status(path, state="failed", error=f"{type(e).__name__}: {e}"[:500])

@@ -254,9 +254,12 @@ def _worker_id(source: str, role: str, dtype, device) -> str:
 def worker_source(hf) -> str:
     """What names a model's worker and its status: where the model was loaded from, and, for a draft cut to its
     most frequent tokens (`HFModel.with_head_rows`), how many it keeps."""
-    base = getattr(hf, "source", None) or hf.name
-    kept = getattr(hf, "draft_vocab", None)
-    return f"{base}|draft_vocab={kept}" if kept else base
+    return source_key(getattr(hf, "source", None) or hf.name, getattr(hf, "draft_vocab", None))
+
+
+def source_key(source: str, draft_vocab: int | None = None) -> str:
+    """`worker_source` from its parts (what `multispec compile` was given)."""
+    return f"{source}|draft_vocab={draft_vocab}" if draft_vocab else source
 
 
 def status_path(source: str, role: str, dtype, device) -> Path:

@@ -245,9 +245,9 @@ class HFModel(LanguageModel):
         shell = copy.copy(self.model)  # the same layers; only the head differs
         shell._modules = dict(self.model._modules)
         shell.set_output_embeddings(small)
+        # made as this model was: "auto" settles it below, as the loader settled this one
         compile = INVARIANT if self.steps.kernel == INVARIANT and self.compile else self.compile
-        if self.auto_compile:
-            compile = AUTO
+        compile = AUTO if self.auto_compile else compile
         if len(self._heads) >= MAX_HEADS:  # each holds a copy of its rows: a bounded number are kept
             self._heads.pop(next(iter(self._heads)))
         cut = HFModel(
