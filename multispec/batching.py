@@ -15,8 +15,10 @@ else runs). So a sequence decoded in a batch gets the tokens it gets decoded in 
 runs (`tests/test_batching.py`).
 
 Methods that hold several hypotheses in several cache rows (beam search and its kin, trees scored one row per
-path) run alone: the scheduler runs such a generation whole between two batched forwards (a method that holds one
-row says so in the registry, `Method.row_entries`)."""
+path), and requests longer than a row, run beside the batch: in their own thread, on caches of their own, each of
+their forwards run by the scheduler on its own between two batched forwards, so that the rows decode on while
+they run (a method that holds one row says so in the registry, `Method.row_entries`). One such generation runs
+at a time (`LONE_GENERATIONS`); the next waits for it, as a request waits for a row."""
 
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ PROMPT_TOKENS = 64  # a feed of more new tokens than this that is not a prompt r
 # decoding rows wait for a chunk, not for a whole prompt
 PREFILL_CHUNK = 64
 PREFILL_TOKENS = 256
+# generations beside the batch at once (several cache rows, or longer than a row): each holds caches of its own,
+# outside the batch's, and each of their forwards holds the decoding rows for its time
+LONE_GENERATIONS = 1
 
 
 class Cancelled(Exception):
@@ -66,6 +71,7 @@ class _Feed:
     error: BaseException | None = None
     model: Any = None  # the model to run it on, when not the role's (a draft with a reduced head, `with_head_rows`)
     layers: tuple[int, ...] | None = None  # the layers whose inputs to keep (a feature-level draft's target)
+    beside: bool = False  # of a generation beside the batch (it holds no row: every active row waits for it)
     features: list | None = None  # then: per layer, [1, n, hidden] of the fed tokens
     # a prompt fed in chunks (`Batcher._chunks`): its tokens fed so far, and the kept logits and features so far;
     # a chunk's feed: the prompt's feed, and how many of its logits the prompt keeps
@@ -213,11 +219,11 @@ class RowModel(LanguageModel):
 
     def __init__(self, batcher: Batcher, role: str, model, row: int):
         self._batcher, self._role, self._model, self._row = batcher, role, model, row
-        self._row_cache: RowKV | None = None
+        self._row_cache: RowKV | None = None  # (row None: a generation beside the batch, on caches of its own)
         # seconds of this row's forward calls, of the forwards they ran in, and its share of those (by tokens)
         self.called = self.ran = self.shared = 0.0
         self._capture: tuple[tuple[int, ...], list] | None = None  # `hidden_features`: the layers, where to put them
-        if role == "target" and batcher.batched:
+        if role == "target" and batcher.batched and row is not None:
             self.batch_load = RowLoad(batcher, row)
         # what `LanguageModel` gives defaults for is read from the model, not the defaults
         for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
@@ -231,10 +237,12 @@ class RowModel(LanguageModel):
         return self._model.stop_tokens
 
     def prepare(self) -> None:
+        if self._row is None:  # a generation beside the batch: its model decides what it decides alone
+            self._batcher.alone(self._model.prepare)
         return None  # a batch's steps run eagerly: nothing to settle
 
     def new_cache(self):
-        if self._row_cache is None and self._role in self._batcher.caches:
+        if self._row_cache is None and self._row is not None and self._role in self._batcher.caches:
             self._row_cache = self._batcher._row_cache(self._role, self._row)
             return self._row_cache
         return self._model.new_cache()  # another cache (scoring the output afterwards): its forwards run alone
@@ -253,6 +261,7 @@ class RowModel(LanguageModel):
         args = (tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant)
         capture = self._capture
         feed = _Feed(self._role, row, cache, args, model=self._model, layers=capture[0] if capture else None)
+        feed.beside = self._row is None
         start = time.perf_counter()
         try:
             logits = self._batcher._submit(feed)
@@ -381,10 +390,12 @@ class Batcher:
         self._active: set[int] = set()
         self._waiting: list[_Feed] = []
         self._alone: list[tuple[Callable[[], Any], _Feed]] = []
+        self._beside = threading.BoundedSemaphore(LONE_GENERATIONS)
         self._closed = False
-        # batched forwards, the rows they held and their seconds; forwards run alone (prompts, other caches);
-        # generations run alone (several rows, or longer than a row)
-        self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "single": 0, "whole": 0}
+        # batched forwards, the rows they held and their seconds; forwards run alone (prompts, other caches); work
+        # run alone on the scheduler's thread (measuring a cost curve); generations beside the batch (several rows,
+        # or longer than a row)
+        self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "single": 0, "whole": 0, "beside": 0}
         # forwards run alone while other rows decode (scoring an output, a method of several rows): the others wait
         # that long, in all and the most; prompts' chunks in batched forwards, and their tokens
         self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0, prefill_chunks=0, prefill_tokens=0)
@@ -399,7 +410,8 @@ class Batcher:
     # -- the generations' side ---------------------------------------------------------------------------------
     def generate(self, prompt, method: str | None = None, **kwargs):
         """`multispec.generate(target, draft, prompt, method, **kwargs)` with this batch's rows: returns its
-        `Result`. A method that holds several hypotheses runs alone, between batched forwards."""
+        `Result`. A method that holds several hypotheses, or a request longer than a row, runs beside the batch
+        (see the module note)."""
         from .api import DEFAULT_METHOD, _prompt_ids, generate
         from .params import parse_method
 
@@ -409,11 +421,11 @@ class Batcher:
         if isinstance(prompt, str):  # the token ids now, under the lock: the others' threads use the tokenizer too
             with self.tokenizer_lock:
                 prompt = _prompt_ids(self.models["target"], prompt, kwargs.pop("chat", True))
-        # a row holds the prompt, the output and one iteration's entries; a request that may need more runs alone
+        # a row holds the prompt, the output and one iteration's entries; a request that may need more runs beside
         iteration = iteration_entries(*parse_method(method), kwargs)
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + (iteration or 0)
         if self.batched and (iteration is None or room > self.capacity):
-            return self.alone(lambda: generate(self.models["target"], self.models["draft"], prompt, method, **kwargs))
+            return self._generate_beside(prompt, method, kwargs)
         asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))
         if row is None:
@@ -432,6 +444,29 @@ class Batcher:
         result.stats["batch_target_share_seconds"] = target.shared
         result.stats["batch_draft_share_seconds"] = draft.shared if draft is not None else 0.0
         result.stats["batch_waiting_seconds"] = max(0.0, sum(m.called - m.ran for m in models))
+        return result
+
+    def _generate_beside(self, prompt: list[int], method: str, kwargs: dict):
+        """A generation beside the batch: on stand-ins without a batch row, whose caches are their own and whose
+        forwards the scheduler runs one at a time between batched forwards; `LONE_GENERATIONS` at once."""
+        from .api import generate
+
+        cancel = kwargs.get("cancel")
+        asked = time.perf_counter()
+        while not self._beside.acquire(timeout=0.1):
+            self._check_open()
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("cancelled while waiting for the generation beside the batch")
+        waited = time.perf_counter() - asked
+        try:
+            self._check_open()
+            target = RowModel(self, "target", self.models["target"], None)
+            draft = RowModel(self, "draft", self.models["draft"], None) if self.models["draft"] is not None else None
+            result = generate(target, draft, prompt, method, **kwargs)
+        finally:
+            self._beside.release()
+        self.stats["beside"] += 1
+        result.stats["queue_seconds"] = waited
         return result
 
     def alone(self, work: Callable[[], Any]):
@@ -709,7 +744,8 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - the generation that asked gets it
             feed.error = e
         feed.ran = feed.shared = time.perf_counter() - start
-        if len(self._active) > 1 and feed.role != "draft":  # the other rows waited for it (not for a head's step)
+        # the other rows waited for it (not for a head's step; a row's own forward on another cache holds the rest)
+        if len(self._active) > (0 if feed.beside else 1) and feed.role != "draft":
             seconds = time.perf_counter() - start
             self.stats["stalls"] += 1
             self.stats["stall_seconds"] += seconds
@@ -867,7 +903,7 @@ _GENERATE_ARGS = frozenset(
 
 def iteration_entries(method: str, given: dict, kwargs: dict) -> int | None:
     """The most entries one iteration of a method, with these parameters, adds past the committed ones to its row
-    of either model (`Method.row_entries`), or None where it holds several cache rows (it runs alone).
+    of either model (`Method.row_entries`), or None where it holds several cache rows (it runs beside the batch).
 
     Args:
         method: the method's name; given, kwargs: its parameters as parsed from the name and as passed.

@@ -131,13 +131,33 @@ def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, mo
     assert got != want
 
 
-def test_a_method_of_several_rows_runs_alone_between_batched_steps(pair):
+def test_a_method_of_several_rows_runs_beside_the_batch_while_the_rows_decode(pair):
+    # beam search holds several cache rows: it runs on caches of its own, each of its forwards between two batched
+    # ones, and gets the tokens it gets alone; a request that joins while it runs decodes in the meantime and ends
+    # first (the known-wrong variant, the whole beam search run at once between two batched forwards, keeps the
+    # other request waiting until the beam search ends)
     target, draft = pair
-    want = generate(target, draft, PROMPTS[1], "beam:width=3", max_new_tokens=8, temperature=0, score=False).token_ids
+    beam = dict(max_new_tokens=100, temperature=0, score=False)
+    want = generate(target, draft, PROMPTS[1], "beam:width=3", **beam).token_ids
+    short = generate(target, draft, PROMPTS[0], "sd:gamma=3", max_new_tokens=4, temperature=0, score=False).token_ids
     batcher = Batcher(target, draft, rows=2, capacity=256)
+    ended, got = [], {}
+
+    def run(name, prompt, method, **kwargs):
+        got[name] = batcher.generate(prompt, method, **kwargs).token_ids
+        ended.append(name)
+
     try:
-        got = batcher.generate(PROMPTS[1], "beam:width=3", max_new_tokens=8, temperature=0, score=False)
-        assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
+        beside = threading.Thread(target=run, args=("beam", PROMPTS[1], "beam:width=3"), kwargs=beam)
+        beside.start()
+        deadline = time.monotonic() + 60
+        while batcher.stats["single"] < 3 and time.monotonic() < deadline:  # the beam search is under way
+            time.sleep(0.001)
+        run("sd", PROMPTS[0], "sd:gamma=3", max_new_tokens=4, temperature=0, score=False)
+        beside.join(120)
+        assert got == {"beam": want, "sd": short}
+        assert ended == ["sd", "beam"]
+        assert batcher.stats["beside"] == 1 and batcher.stats["forwards"] > 0 and batcher.stats["stalls"] > 0
     finally:
         batcher.close()
 
@@ -174,7 +194,7 @@ def test_long_prompts_are_fed_in_chunks_beside_the_decoding_rows(pair, monkeypat
         ]
 
 
-def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair):
+def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_beside(pair):
     with pytest.raises(ValueError, match="rows must be an integer >= 1"):
         Batcher(*pair, rows=0)
     with pytest.raises(ValueError, match="capacity must be an integer >= 1"):
@@ -185,11 +205,11 @@ def test_bad_batches_are_refused_and_a_request_longer_than_a_row_runs_alone(pair
     batcher = Batcher(*pair, rows=1, capacity=16)
     try:
         got = batcher.generate(prompt, "sd:gamma=3", max_new_tokens=8, temperature=0, score=False)
-        assert got.token_ids == want and batcher.stats["whole"] == 1 and batcher.stats["forwards"] == 0
+        assert got.token_ids == want and batcher.stats["beside"] == 1 and batcher.stats["forwards"] == 0
     finally:
         batcher.close()
     # a row holds the prompt, the output and the method's largest iteration: a tree of 200 nodes (or a draft's
-    # beam tree of 16 x 8) whose last iteration would not fit runs alone, and batches where it fits
+    # beam tree of 16 x 8) whose last iteration would not fit runs beside the batch, and batches where it fits
     for method in ("mcsd:k_config=8x8x2", "mtad:gamma=8,width=16"):
         want = generate(target, draft, prompt, method, max_new_tokens=24, temperature=0, score=False).token_ids
         for capacity, batched in ((150, False), (300, True)):

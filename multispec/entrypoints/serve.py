@@ -40,7 +40,7 @@ log = logging.getLogger("multispec.entrypoints.serve")
 
 DEFAULT_MAX_TOKENS = 128  # as `multispec generate`
 MAX_BATCH_ROWS = 64  # requests decoded together at most (`--batch-rows`)
-MAX_BATCH_CAPACITY = 2048  # entries a batched request's cache row holds; a longer request runs alone
+MAX_BATCH_CAPACITY = 2048  # entries a batched request's cache row holds; a longer request runs beside the batch
 # fields of OpenAI's requests this server does not implement: refused when set to anything but their no-op
 UNSUPPORTED = {
     "logprobs": (None, False),
