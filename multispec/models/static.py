@@ -667,10 +667,10 @@ class RowKV(StaticKV):
 
     def reserve(self, needed: int, rows: int | None = None) -> None:
         if rows not in (None, 1):
-            raise ValueError("a sequence in a batch holds one cache row; methods with several hypotheses run beside the batch")
+            raise ValueError("a sequence in a batch holds one cache row; several-row methods run beside it")
         if needed > self.capacity:
             raise ValueError(f"a sequence in this batch holds at most {self.capacity} entries, {needed} asked for")
 
     def select_rows(self, rows: torch.Tensor) -> None:
         if rows.numel() != 1 or int(rows[0]) != 0:
-            raise ValueError("a sequence in a batch holds one cache row; methods with several hypotheses run beside the batch")
+            raise ValueError("a sequence in a batch holds one cache row; several-row methods run beside it")
