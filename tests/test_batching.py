@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from multispec import generate
-from multispec.batching import Batcher
+from multispec.batching import Batcher, Cancelled
 from multispec.models import static
 from tests.conftest import tiny_llama
 
@@ -153,6 +153,11 @@ def test_a_method_of_several_rows_runs_beside_the_batch_while_the_rows_decode(pa
         deadline = time.monotonic() + 60
         while batcher.stats["single"] < 3 and time.monotonic() < deadline:  # the beam search is under way
             time.sleep(0.001)
+        # another beam search waits for it (one beside the batch at a time), and a cancelled one stops waiting
+        cancel = threading.Event()
+        cancel.set()
+        with pytest.raises(Cancelled, match="beside the batch"):
+            batcher.generate(PROMPTS[2], "beam:width=2", max_new_tokens=4, temperature=0, score=False, cancel=cancel)
         run("sd", PROMPTS[0], "sd:gamma=3", max_new_tokens=4, temperature=0, score=False)
         beside.join(120)
         assert got == {"beam": want, "sd": short}
