@@ -58,7 +58,7 @@ if [ "$stage" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
     lscpu | grep -E "^Model name|^CPU\(s\)"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
-    timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_cuda_graphs.py 2>&1 | tail -8
+    timeout 90 python3 -m pytest -q -x -p no:cacheprovider tests/models/hf/test_graphs.py 2>&1 | tail -8
     # eager steps under graphs against compiled (fused) ones under graphs, same card, same run; one compile per
     # bucket, so few buckets
     timeout 100 python3 benchmarks/cost_curve.py --device cuda --random-target .dev/target-config --models target \

@@ -1,5 +1,6 @@
-"""Shared by the tests of the Hugging Face backend (test_hf, test_kernels, test_static, test_packaged, test_linears,
-test_cost): the prompt, a cacheless reference, a bfloat16 Llama, and a prompt scored with drafts after it."""
+"""Shared by the tests of the Hugging Face backend (hf/test_model, hf/test_kernels, test_static, test_packaged,
+test_linears, test_cost): the prompt, a cacheless reference, a bfloat16 Llama, and a prompt scored with drafts
+after it."""
 
 import torch
 

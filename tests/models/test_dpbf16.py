@@ -1,6 +1,6 @@
 """Our bfloat16 kernel (`multispec.models.dpbf16`): its products, its batch invariance, the model it routes and
 restores, and the compiled steps that race it. The kernel needs a CPU with AVX512-BF16: elsewhere these tests
-are skipped, and the compiled steps race the other variants only (tests/models/test_hf.py)."""
+are skipped, and the compiled steps race the other variants only (tests/models/hf/test_model.py)."""
 
 import json
 import re

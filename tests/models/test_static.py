@@ -259,7 +259,7 @@ def test_a_prompt_goes_in_through_fused_attention_and_what_follows_meets_the_sam
     from multispec.models import static
 
     monkeypatch.setenv("MULTISPEC_LEAN", "0")  # transformers' forward, whose attention calls are counted here; our
-    model = _bf16_llama()  # one-call layers make the same claim in tests/models/test_lean.py
+    model = _bf16_llama()  # one-call layers make the same claim in tests/models/hf/test_lean.py
     fused, everything = [], []
 
     def counted(module, query, *args, **kwargs):
