@@ -217,7 +217,7 @@ class RowModel(LanguageModel):
     """One generation's stand-in for a model of a batch: everything is the model's, except that its first cache is
     the generation's row of the batch cache and its forwards run on the scheduler's thread (see the module note)."""
 
-    def __init__(self, batcher: Batcher, role: str, model, row: int):
+    def __init__(self, batcher: Batcher, role: str, model, row: int | None):
         self._batcher, self._role, self._model, self._row = batcher, role, model, row
         self._row_cache: RowKV | None = None  # (row None: a generation beside the batch, on caches of its own)
         # seconds of this row's forward calls, of the forwards they ran in, and its share of those (by tokens)
@@ -260,8 +260,8 @@ class RowModel(LanguageModel):
         row = self._row if cache is self._row_cache else None
         args = (tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant)
         capture = self._capture
-        feed = _Feed(self._role, row, cache, args, model=self._model, layers=capture[0] if capture else None)
-        feed.beside = self._row is None
+        layers = capture[0] if capture else None
+        feed = _Feed(self._role, row, cache, args, model=self._model, layers=layers, beside=self._row is None)
         start = time.perf_counter()
         try:
             logits = self._batcher._submit(feed)
@@ -744,8 +744,10 @@ class Batcher:
         except BaseException as e:  # noqa: BLE001 - the generation that asked gets it
             feed.error = e
         feed.ran = feed.shared = time.perf_counter() - start
-        # the other rows waited for it (not for a head's step; a row's own forward on another cache holds the rest)
-        if len(self._active) > (0 if feed.beside else 1) and feed.role != "draft":
+        # the rows waited for it: every active row for a generation beside the batch; the others for a row's own
+        # forward on another cache (not for a head's step, which runs beside its row's)
+        held = bool(self._active) if feed.beside else (len(self._active) > 1 and feed.role != "draft")
+        if held:
             seconds = time.perf_counter() - start
             self.stats["stalls"] += 1
             self.stats["stall_seconds"] += seconds

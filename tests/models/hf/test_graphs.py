@@ -12,6 +12,14 @@ from tests.conftest import tiny_family, tiny_llama
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# methods whose greedy tokens must not change with the step's layout (capacity-wide masks, captured graphs)
+GREEDY_METHODS = [
+    ("sd", {"gamma": 4}),
+    ("mcsd", {"k_config": "2x2x1"}),
+    ("specinfer", {}),
+    ("batch-sd", {"drafts": 2, "gamma": 3}),
+    ("beam", {"width": 3}),
+]
 
 
 def full_logits(model, ids):
@@ -44,13 +52,7 @@ def test_capacity_wide_masks_give_the_models_own_logits(family):
 
 @pytest.mark.parametrize(
     "method, params",
-    [
-        ("sd", {"gamma": 4}),
-        ("mcsd", {"k_config": "2x2x1"}),
-        ("specinfer", {}),
-        ("batch-sd", {"drafts": 2, "gamma": 3}),
-        ("beam", {"width": 3}),
-    ],
+    GREEDY_METHODS,
 )
 def test_capacity_wide_greedy_methods_equal_them_without(method, params):
     target, draft = capacity_wide(tiny_llama(seed=5)), capacity_wide(tiny_llama(seed=6, layers=1))
@@ -110,13 +112,7 @@ def test_a_compiled_step_under_a_graph_gives_the_eager_logits(tmp_path, monkeypa
 @cuda
 @pytest.mark.parametrize(
     "method, params",
-    [
-        ("sd", {"gamma": 4}),
-        ("mcsd", {"k_config": "2x2x1"}),
-        ("specinfer", {}),
-        ("batch-sd", {"drafts": 2, "gamma": 3}),
-        ("beam", {"width": 3}),
-    ],
+    GREEDY_METHODS,
 )
 def test_greedy_methods_with_cuda_graphs_equal_them_without(method, params):
     target, draft = on_cuda(tiny_llama(seed=5)), on_cuda(tiny_llama(seed=6, layers=1))
