@@ -149,13 +149,15 @@ def cost_key(
     if engine == "static" and packed():
         engine = "static+packed"  # linear maps on packed weights (`multispec.models.linears`): another curve
         inner = getattr(model, "model", None)
-        if inner is not None and any(linears.packed_kind(m) == linears.TILES for m in inner.modules()):
-            engine = "static+tiles"  # ... on our tile kernel
+        kinds = {linears.packed_kind(m) for m in inner.modules()} if inner is not None else set()
+        ours = linears.TILES if linears.TILES in kinds else linears.DPBF16 if linears.DPBF16 in kinds else None
+        if ours is not None:
+            engine = "static+tiles" if ours == linears.TILES else "static+dpbf16"  # ... on our kernel
             lean = getattr(model, "lean", lambda: None)
             if lean() is not None:  # ... and a Llama's layers one kernel call each (`hf/lean.py`)
                 from . import dpbf16
 
-                engine = f"static+lean|dpbf16={dpbf16._digest()}"
+                engine = f"static+lean{'' if ours == linears.TILES else '+dpbf16'}|dpbf16={dpbf16._digest()}"
     steps = getattr(model, "steps", None)  # a compiled model's steps (`HFModel.steps`), settled by `prepare`
     if engine == "compiled" and getattr(steps, "kernel", None) == "invariant":
         engine = "compiled+invariant"  # the batch-invariant compiled step (`HFModel`, compile="invariant")

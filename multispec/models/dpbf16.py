@@ -261,9 +261,14 @@ def linear_tiles(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     return torch.ops.multispec_dpbf16.linear_tiles(x, packed, None if bias is None else bias.float(), out_features)
 
 
+TILES_VARIABLE = "MULTISPEC_TILES"  # "0": our products stay off the AMX tiles (the dot-product kernel instead)
+
+
 def tiles_run() -> bool:
-    """Whether `linear_tiles` runs here: the kernel loaded, a CPU with AMX-BF16, and the tiles granted to this
-    process."""
+    """Whether `linear_tiles` runs here: the kernel loaded, a CPU with AMX-BF16, the tiles granted to this
+    process, and not turned off (`MULTISPEC_TILES=0`)."""
+    if os.environ.get(TILES_VARIABLE, "1") == "0":
+        return False
     if unavailable() is not None or not {"amx_bf16", "amx_tile"} <= machine.cpu_flags():
         return False
     return bool(torch.ops.multispec_dpbf16.tiles())

@@ -7,7 +7,9 @@ made on one host has inverted on another), so `pack` times both, here, on the mo
 where packed ran faster. On a CPU with AMX, a bfloat16 model's maps then race our tile kernel
 (`dpbf16.linear_tiles`) against that choice: oneDNN's few-row products there read the weights at well under the
 memory's speed, and the tile kernel computes up to 16 rows in one pass over them, each row's sums in one order
-whatever the rows (so a batched step needs no padding for batch invariance). Only the engine's eager steps use
+whatever the rows (so a batched step needs no padding for batch invariance). On a CPU with AVX512-BF16 but no
+AMX, our dot-product kernel (`dpbf16.linear`, on the same packed layout, also one order per row) races in its
+place. Only the engine's eager steps use
 the packed weights (inside `active()`): transformers' own calls on the same model (the bench's `hf` peers) and
 compiled steps use the plain ones. The packed copies are kept beside the plain weights: the linear maps' memory
 doubles.
@@ -39,8 +41,12 @@ GAIN = 0.95  # packed is kept where a pass over the model's linear maps takes at
 ROUNDS = 3
 _state = threading.local()
 _CHOICES: dict[tuple, tuple[bool, float, float]] = {}
-_TILES: dict[tuple, tuple[bool, float, float]] = {}  # the tile kernel's race: (kept?, the other choice's s, tiles' s)
-ONEDNN, TILES = "onednn", "tiles"
+# our kernel's race, per kind and shapes: (kept?, the other choice's seconds, our kernel's seconds)
+_TILES: dict[tuple, tuple[bool, float, float]] = {}
+# oneDNN on a weight packed once; our AMX tile kernel (`dpbf16.linear_tiles`); our AVX512-BF16 dot-product kernel
+# (`dpbf16.linear`), where the tiles do not run
+ONEDNN, TILES, DPBF16 = "onednn", "tiles", "dpbf16"
+_OURS = {TILES: dpbf16.linear_tiles, DPBF16: dpbf16.linear}
 # module -> (the plain weight's data pointer and dtype when packed, the packed weight, ONEDNN or TILES): kept off
 # the module, so that a copy of the model (deepcopy) or its weights moved or cast (`.to`) fall back to the plain
 # weights
@@ -65,8 +71,9 @@ def is_active() -> bool:
 def _packed_forward(self, x):
     packed = packed_weight(self) if getattr(_state, "on", False) else None
     if packed is not None:
-        if _PACKED[self][2] == TILES:
-            return dpbf16.linear_tiles(x, packed, self.bias, self.out_features)
+        kind = _PACKED[self][2]
+        if kind != ONEDNN:
+            return _OURS[kind](x, packed, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
     return torch.nn.functional.linear(x, self.weight, self.bias)
 
@@ -78,13 +85,23 @@ def packed_weight(module) -> torch.Tensor | None:
 
 
 def packed_kind(module) -> str | None:
-    """ONEDNN or TILES: the kernel an eager step runs `module` on, or None for the plain weight."""
+    """ONEDNN, TILES or DPBF16: the kernel an eager step runs `module` on, or None for the plain weight."""
     return _PACKED[module][2] if type(module) is torch.nn.Linear and packed_weight(module) is not None else None
 
 
+def ours() -> str | None:
+    """Which of our kernels races for a model's maps here: TILES on a CPU with AMX (and the tiles granted), DPBF16
+    on one with AVX512-BF16 only (`MULTISPEC_TILES=0` takes it on an AMX CPU too), None where neither runs."""
+    if dpbf16.unavailable() is not None:
+        return None
+    return TILES if dpbf16.tiles_run() else DPBF16
+
+
 def tileable(module) -> bool:
-    """Whether our tile kernel takes this map here: bfloat16 on a CPU with AMX, inputs in multiples of 32."""
-    return dpbf16.eligible(module) and module.in_features % 32 == 0 and dpbf16.tiles_run()
+    """Whether our kernel (`ours`) takes this map here: bfloat16 on a CPU, inputs in multiples of 32 on tiles
+    (pairs on the dot-product kernel)."""
+    kind = ours()
+    return kind is not None and dpbf16.eligible(module) and (kind != TILES or module.in_features % 32 == 0)
 
 
 def _linears(model) -> list[torch.nn.Linear]:
@@ -155,18 +172,22 @@ def pack(model) -> tuple[bool, float, float]:
         for m, p in zip(found, packed, strict=True):
             _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), p, ONEDNN)
             m.forward = types.MethodType(_packed_forward, m)
-    tiled = _tiles(found, key, stored.replace("packed-linears", "tile-linears", 1))
+    tiled = _tiles(found, key, stored)
     return (True, *chosen[1:]) if tiled else chosen
 
 
 def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
-    """Race the tile kernel on the maps it takes against what `pack` left them on (one row each, ROUNDS
-    interleaved passes over every map); where it was faster, those maps run on it. Remembered like `pack`'s
-    choice, per build of the kernel."""
+    """Race our kernel (`ours`: the tile kernel, or the dot-product one without AMX) on the maps it takes against
+    what `pack` left them on (one row each, ROUNDS interleaved passes over every map); where it was faster, those
+    maps run on it. Remembered like `pack`'s choice, per build of the kernel."""
+    kind = ours()
     takes = [m for m in found if tileable(m)]
     if not takes:
         return False
-    stored += f"|dpbf16={dpbf16._digest()}"
+    run = _OURS[kind]
+    prefix = "tile-linears" if kind == TILES else "dpbf16-linears"
+    stored = stored.replace("packed-linears", prefix, 1) + f"|dpbf16={dpbf16._digest()}"
+    key = (kind, *key)
     if key not in _TILES:
         saved = read_store(kernel_store_path()).get(stored)
         if isinstance(saved, list) and len(saved) == 3:
@@ -184,16 +205,16 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
                 for m in found:
                     m(inputs[m.in_features])
 
-        def tiles_pass():
+        def ours_pass():
             with active():
                 for m in found:
-                    if m not in tiled:
+                    if m not in taken:
                         m(inputs[m.in_features])
             for m, t in zip(takes, tiles, strict=True):
-                dpbf16.linear_tiles(inputs[m.in_features], t, m.bias, m.out_features)
+                run(inputs[m.in_features], t, m.bias, m.out_features)
 
-        tiled = set(takes)
-        (before, fast), settled = undisturbed(lambda: _race(before_pass, tiles_pass))
+        taken = set(takes)
+        (before, fast), settled = undisturbed(lambda: _race(before_pass, ours_pass))
         _TILES[key] = (fast <= GAIN * before, before, fast)
         if settled:
             write_store_entry(kernel_store_path(), stored, list(_TILES[key]))
@@ -201,7 +222,7 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
         return False
     tiles = tiles or [dpbf16.pack(m.weight.detach()) for m in takes]
     for m, t in zip(takes, tiles, strict=True):
-        _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, TILES)
+        _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, kind)
         m.forward = types.MethodType(_packed_forward, m)
     return True
 

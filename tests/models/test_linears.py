@@ -84,13 +84,20 @@ def test_linear_maps_stay_plain_where_packed_ran_no_faster_or_packing_is_switche
     assert fresh.packed_linears is False
 
 
-def test_eager_bfloat16_steps_run_the_tile_kernel_where_it_won_its_race(monkeypatch, tmp_path):
-    # on a CPU with AMX the maps it takes race our tile kernel against oneDNN's choice; kept, eager steps read
-    # its weights (zeroed, the logits change), and a row's logits no longer depend on the rows fed with it
+@pytest.mark.parametrize("kind", ["tiles", "dpbf16"])
+def test_eager_bfloat16_steps_run_our_kernel_where_it_won_its_race(monkeypatch, tmp_path, kind):
+    # the maps our kernel takes race it against oneDNN's choice: on a CPU with AMX the tile kernel, on one with
+    # AVX512-BF16 only the dot-product kernel (here: the tiles turned off); kept, eager steps read its weights
+    # (zeroed, the logits change), and a row's logits no longer depend on the rows fed with it
     from multispec.models import dpbf16, linears
 
-    if not dpbf16.tiles_run():
+    if dpbf16.unavailable() is not None:
+        pytest.skip(f"our kernel does not run here: {dpbf16.unavailable()}")
+    if kind == linears.TILES and not dpbf16.tiles_run():
         pytest.skip("no AMX tiles here")
+    if kind == linears.DPBF16:
+        monkeypatch.setenv(dpbf16.TILES_VARIABLE, "0")
+    assert linears.ours() == kind
     store = tmp_path / "kernels.json"
     monkeypatch.setattr(linears, "_CHOICES", {})
     monkeypatch.setattr(linears, "_TILES", {})
@@ -102,9 +109,10 @@ def test_eager_bfloat16_steps_run_the_tile_kernel_where_it_won_its_race(monkeypa
     out_plain = plain.forward(plain.new_cache(), ids)
     out_tiled = tiled.forward(tiled.new_cache(), ids)
     maps = [m for m in tiled.model.modules() if type(m) is torch.nn.Linear]
-    assert all(linears.packed_kind(m) == linears.TILES for m in maps) and "tile-linears" in store.read_text()
+    stored = "tile-linears" if kind == linears.TILES else "dpbf16-linears"
+    assert all(linears.packed_kind(m) == kind for m in maps) and stored in store.read_text()
     assert torch.allclose(out_tiled, out_plain, atol=0.05)
     assert tiled.batch_rows == 1  # measured: the bits of a row do not change with the rows fed with it
     for m in maps:
-        linears._PACKED[m] = (linears._PACKED[m][0], dpbf16.pack(torch.zeros_like(m.weight)), linears.TILES)
+        linears._PACKED[m] = (linears._PACKED[m][0], dpbf16.pack(torch.zeros_like(m.weight)), kind)
     assert not torch.allclose(tiled.forward(tiled.new_cache(), ids), out_plain, atol=0.05)

@@ -39,7 +39,7 @@ import torch
 
 from ...console import note
 from ...machine import cache_dir, cpu_flags
-from .. import dpbf16, packaged
+from .. import dpbf16, linears, packaged
 from ..static import bucket
 from . import store
 from .kernels import COMPILED_TOKENS, EXACT_CHOICE, INVARIANT, INVARIANT_DPBF16, has_fast_bfloat16
@@ -104,12 +104,12 @@ def why_eager(hf: HFModel) -> str | None:
 
 def eager_as_fast(hf: HFModel) -> bool:
     """Whether `hf`'s eager steps run one kernel call per layer here (`lean.py`: a Llama whose linear maps won
-    their race on our AMX tile kernel), which decode about as fast as its compiled steps: then `compile="auto"`
-    runs it eagerly and compiles nothing for it (the measurements behind this: docs/decisions.md). Settles the
-    model's linear maps (a race of about a second)."""
+    their race on our kernel, the AMX tiles or the AVX512-BF16 dot products), which decode about as fast as its
+    compiled steps: then `compile="auto"` runs it eagerly and compiles nothing for it (the measurements behind
+    this: docs/decisions.md). Settles the model's linear maps (a race of about a second)."""
     from .lean import FAMILIES
 
-    if type(hf.model).__name__ not in FAMILIES or not dpbf16.tiles_run():
+    if type(hf.model).__name__ not in FAMILIES or linears.ours() is None:
         return False  # (no packing, and no race, for a model that compiles anyway)
     return hf.rows_packed() and hf.lean() is not None
 

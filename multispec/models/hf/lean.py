@@ -2,8 +2,9 @@
 
 transformers' eager Llama runs about thirty small operators per layer through Python and torch's dispatcher; on a
 small CPU they cost about as much as the layer's products (measured in docs/decisions.md). Where every linear map of
-the model runs on our AMX tile kernel (`linears`, the race won here) and its attention on `dpbf16.attend_tokens`
-(`HFModel.kernel_attention`), a step runs here instead: the embedding and the rotary angles in torch, then one C++
+the model runs on our kernel (`linears`, the race won here: the AMX tile kernel, or the AVX512-BF16 dot-product one
+on a CPU without AMX) and its attention on `dpbf16.attend_tokens` (`HFModel.kernel_attention`), a step runs here
+instead: the embedding and the rotary angles in torch, then one C++
 call per layer (norm, products, rotary embedding, cache writes, attention, MLP, residuals), then the final norm and
 the output head on the kept tokens only.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import dpbf16, linears
+from .. import linears
 
 FAMILIES = ("LlamaForCausalLM",)  # the decoder layer `llama_layer` computes
 
@@ -45,6 +46,8 @@ class LeanLlama:
             for layer in self.layers
         ]
         self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
+        # the products on the kernel the maps won their race on (`why_not`: all of them on one)
+        self.tiles = linears.packed_kind(self.layers[0].self_attn.q_proj) == linears.TILES
         self._first = self._weight_id()
 
     def _weight_id(self):
@@ -66,8 +69,9 @@ class LeanLlama:
             return "biased MLP, or widths not multiples of 16"
         maps = [m for layer in model.model.layers for m in (*layer.self_attn.children(), *layer.mlp.children())]
         maps = [m for m in maps if type(m) is torch.nn.Linear]
-        if len(maps) != 7 * len(model.model.layers) or any(linears.packed_kind(m) != linears.TILES for m in maps):
-            return "not every linear map runs on the tile kernel here"
+        ours = linears.ours()
+        if len(maps) != 7 * len(model.model.layers) or any(linears.packed_kind(m) != ours for m in maps):
+            return "not every linear map runs on our kernel here"
         return None
 
     def usable(self) -> bool:
@@ -117,7 +121,7 @@ class LeanLlama:
             k = logits_to_keep or n
             keep = (torch.arange(b)[:, None] * n + torch.arange(n - k, n)[None, :]).flatten()
         spans = self.fused_spans(packed, fused, b, n)
-        tiles = dpbf16.tiles_run()
+        tiles = self.tiles
         # the layers' inputs being read (`HFModel.hidden_features`), as its hooks would see them: [b, n, H]
         seen = getattr(getattr(self.hf, "_capture", None), "seen", None)
         reading = self.hf._hooked if seen is not None else ()

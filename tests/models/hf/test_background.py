@@ -52,14 +52,20 @@ def test_where_compiling_does_not_pay_auto_runs_eagerly_and_starts_no_worker(cac
     assert background.workers() == []
 
 
-def test_a_target_whose_eager_layers_are_one_kernel_call_each_compiles_nothing(cache, tmp_path, monkeypatch):
-    # on a CPU with AMX, a Llama whose maps run on the tile kernel steps through one kernel call per layer
-    # (`hf/lean.py`), about as fast as compiled: "auto" runs it eagerly and starts no worker for it
+@pytest.mark.parametrize("kind", ["tiles", "dpbf16"])
+def test_a_target_whose_eager_layers_are_one_kernel_call_each_compiles_nothing(cache, tmp_path, monkeypatch, kind):
+    # a Llama whose maps run on our kernel (the AMX tiles; the dot products of a CPU with AVX512-BF16 only, here
+    # with the tiles turned off) steps through one kernel call per layer (`hf/lean.py`), about as fast as
+    # compiled: "auto" runs it eagerly and starts no worker for it
     from multispec.models import dpbf16, linears
     from tests.models.helpers import _bf16_llama
 
-    if dpbf16.unavailable() is not None or not dpbf16.tiles_run():
-        pytest.skip("our tile kernel does not run here (AVX512-BF16 and AMX)")
+    if dpbf16.unavailable() is not None:
+        pytest.skip("our kernel does not run here (AVX512-BF16)")
+    if kind == linears.TILES and not dpbf16.tiles_run():
+        pytest.skip("no AMX tiles here")
+    if kind == linears.DPBF16:
+        monkeypatch.setenv(dpbf16.TILES_VARIABLE, "0")
     monkeypatch.setattr(linears, "_CHOICES", {})
     monkeypatch.setattr(linears, "_TILES", {})
     monkeypatch.setattr(linears, "GAIN", float("inf"))  # the tile kernel chosen whatever its race says
@@ -68,7 +74,8 @@ def test_a_target_whose_eager_layers_are_one_kernel_call_each_compiles_nothing(c
     monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
     model = load_model(str(folder), dtype="bfloat16")
     assert model.auto_compile and not model.compile and not background.waiting(model)
-    assert model.lean() is not None and background.workers() == []
+    assert model.lean() is not None and model.lean().tiles == (kind == linears.TILES)
+    assert background.workers() == []
     monkeypatch.setenv("MULTISPEC_LEAN", "0")  # where its eager steps go through transformers' modules
     plain = load_model(str(folder), dtype="bfloat16", compile=False)
     assert not background.eager_as_fast(plain)

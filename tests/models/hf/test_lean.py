@@ -9,16 +9,18 @@ from multispec.models import dpbf16, linears, static
 from multispec.models.hf.lean import LeanLlama
 from tests.models.helpers import _bf16_llama, _scored_after_a_prompt
 
-pytestmark = pytest.mark.skipif(
-    dpbf16.unavailable() is not None or not dpbf16.tiles_run(),
-    reason="our tile kernel does not run here (AVX512-BF16 and AMX)",
-)
+pytestmark = pytest.mark.skipif(dpbf16.unavailable() is not None, reason="our kernel does not run here (AVX512-BF16)")
 
 
-@pytest.fixture(autouse=True)
-def _tiles_chosen(tmp_path, monkeypatch):
-    # every map on the tile kernel whatever its race says here (what makes a model take these steps), each test
-    # with its own kernel store
+@pytest.fixture(autouse=True, params=[linears.TILES, linears.DPBF16])
+def _tiles_chosen(request, tmp_path, monkeypatch):
+    # every map on our kernel whatever its race says here (what makes a model take these steps), each test with
+    # its own kernel store; on the AMX tile kernel, and on the dot-product kernel of CPUs without AMX (here: the
+    # tiles turned off)
+    if request.param == linears.TILES and not dpbf16.tiles_run():
+        pytest.skip("no AMX tiles here")
+    if request.param == linears.DPBF16:
+        monkeypatch.setenv(dpbf16.TILES_VARIABLE, "0")
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     monkeypatch.setattr(linears, "_CHOICES", {})
     monkeypatch.setattr(linears, "_TILES", {})
@@ -34,6 +36,7 @@ def _model(lean: bool = True, monkeypatch=None):
     if not lean:
         monkeypatch.delenv("MULTISPEC_LEAN")
     assert (model.lean() is not None) == lean, LeanLlama.why_not(model)
+    assert not lean or model.lean().tiles == dpbf16.tiles_run()  # the kernel the maps won on
     return model
 
 
