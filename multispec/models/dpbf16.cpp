@@ -642,6 +642,18 @@ at::Tensor attend_tokens(const at::Tensor& query, const at::Tensor& keys, const 
 inline void store16(at::BFloat16* p, __m512 x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
 }
+// the lanes of the 16 from `j` that lie before `n` (a width need not be a multiple of 16: the default draft's 198)
+inline __mmask16 lanes(int64_t j, int64_t n) {
+  return n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+}
+// load16 and store16 of those lanes only (the others load as 0 and are not written)
+inline __m512 load16(const at::BFloat16* p, __mmask16 m) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline void store16(at::BFloat16* p, __m512 x, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+}
 inline __m512 rounded(__m512 x) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
     reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x))), 16)); }
 
@@ -657,12 +669,14 @@ at::Tensor norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps) {
     const at::BFloat16* row = xp + r * h;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t j = 0; j < h; j += 16) {
-      const __m512 v = load16(row + j);
+      const __m512 v = load16(row + j, lanes(j, h));
       acc = _mm512_fmadd_ps(v, v, acc);
     }
     const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(h) + eps));
-    for (int64_t j = 0; j < h; j += 16)
-      store16(op + r * h + j, _mm512_mul_ps(load16(wp + j), rounded(_mm512_mul_ps(load16(row + j), scale))));
+    for (int64_t j = 0; j < h; j += 16) {
+      const __mmask16 m = lanes(j, h);
+      store16(op + r * h + j, _mm512_mul_ps(load16(wp + j, m), rounded(_mm512_mul_ps(load16(row + j, m), scale))), m);
+    }
   }
   return out;
 }
@@ -678,19 +692,23 @@ inline void rotate(const at::BFloat16* x, const float* cos, const float* sin, in
   }
 }
 
-// a + b rounded, or silu(a) (rounded) times b rounded, over n numbers (n a multiple of 16)
+// a + b rounded, or silu(a) (rounded) times b rounded, over n numbers
 void add_rows(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) store16(out + i, _mm512_add_ps(load16(a + i), load16(b + i)));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i, n);
+    store16(out + i, _mm512_add_ps(load16(a + i, m), load16(b + i, m)), m);
+  }
 }
 void silu_times(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
-    const __m512 x = load16(a + i);
+    const __mmask16 m = lanes(i, n);
+    const __m512 x = load16(a + i, m);
     // sigmoid from e^-|x| (never overflows): 1 / (1 + e) for x >= 0, e / (1 + e) below
     const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
     const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
     const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
-    store16(out + i, _mm512_mul_ps(rounded(_mm512_mul_ps(x, sigmoid)), load16(b + i)));
+    store16(out + i, _mm512_mul_ps(rounded(_mm512_mul_ps(x, sigmoid)), load16(b + i, m)), m);
   }
 }
 
@@ -699,26 +717,27 @@ void silu_times(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out,
 // [R, Hkv, C, >= d] (float32 or bfloat16: a cache's buffers; a value column past d is set to 1, `with_ones`); cos,
 // sin [T, d] float32; token t writes its entry at row rows[t], slot slots[t], and attends with mask[t] [K]
 // (additive float32) over its row; fused: (start, count) pairs, spans of a prompt's first tokens that attend
-// causally among themselves through torch's fused attention instead (as a prompt alone does). Returns the
+// causally among themselves through torch's fused attention instead (as a prompt alone does); tiles: bit i set,
+// the i-th map of q, k, v, o, gate, up, down runs on AMX tiles (`linear_tiles`), else on `linear`. Returns the
 // layer's output [T, H].
 at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const at::Tensor& keys,
                        const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
                        const at::Tensor& slots, const at::Tensor& mask, at::IntArrayRef fused, int64_t heads,
-                       int64_t kv_heads, int64_t inter, double eps, double scaling, bool tiles) {
+                       int64_t kv_heads, int64_t inter, double eps, double scaling, int64_t tiles) {
   TORCH_CHECK(weights.size() == 9, "multispec_dpbf16::llama_layer: nine weights");
   const int64_t t = hidden.size(0), h = hidden.size(1), d = keys.size(3);
-  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous() && h % 16 == 0 &&
-              inter % 16 == 0 && d % 32 == 0 && cos.size(0) == t && cos.size(1) == d && sin.sizes() == cos.sizes() &&
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous() && h % 2 == 0 &&
+              inter % 2 == 0 && d % 32 == 0 && cos.size(0) == t && cos.size(1) == d && sin.sizes() == cos.sizes() &&
               cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && rows.size(0) == t &&
               slots.size(0) == t && values.size(3) >= d && keys.size(1) == kv_heads,
               "multispec_dpbf16::llama_layer: shapes do not agree");
   TORCH_CHECK(fused.size() % 2 == 0, "multispec_dpbf16::llama_layer: fused spans as (start, count) pairs");
-  auto product = [&](const at::Tensor& x, const at::Tensor& w, int64_t n) {
-    return tiles ? linear_tiles(x, w, c10::nullopt, n) : linear(x, w, c10::nullopt, n);
+  auto product = [&](const at::Tensor& x, const at::Tensor& w, int64_t n, int map) {
+    return (tiles >> map) & 1 ? linear_tiles(x, w, c10::nullopt, n) : linear(x, w, c10::nullopt, n);
   };
   const at::Tensor x = norm_rows(hidden, weights[0], static_cast<float>(eps));
-  const at::Tensor q = product(x, weights[1], heads * d), k = product(x, weights[2], kv_heads * d);
-  const at::Tensor v = product(x, weights[3], kv_heads * d);
+  const at::Tensor q = product(x, weights[1], heads * d, 0), k = product(x, weights[2], kv_heads * d, 1);
+  const at::Tensor v = product(x, weights[3], kv_heads * d, 2);
   at::Tensor query = at::empty({t, heads, d}, hidden.options()), key = at::empty({t, kv_heads, d}, hidden.options());
   const at::Tensor r = rows.contiguous(), s = slots.contiguous();
   const int64_t* rp = r.data_ptr<int64_t>();
@@ -761,22 +780,22 @@ at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const a
                                                              c10::nullopt, 0.0, true, scaling, true);
     attended.narrow(0, start, count).copy_(head[0].transpose(0, 1));
   }
-  at::Tensor out = product(attended.view({t, heads * d}), weights[4], h);
+  at::Tensor out = product(attended.view({t, heads * d}), weights[4], h, 3);
   add_rows(hidden.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), t * h);
   const at::Tensor y = norm_rows(out, weights[5], static_cast<float>(eps));
-  at::Tensor gate = product(y, weights[6], inter);
-  const at::Tensor up = product(y, weights[7], inter);
+  at::Tensor gate = product(y, weights[6], inter, 4);
+  const at::Tensor up = product(y, weights[7], inter, 5);
   silu_times(gate.data_ptr<at::BFloat16>(), up.data_ptr<at::BFloat16>(), gate.data_ptr<at::BFloat16>(), t * inter);
-  at::Tensor down = product(gate, weights[8], h);
+  at::Tensor down = product(gate, weights[8], h, 6);
   add_rows(out.data_ptr<at::BFloat16>(), down.data_ptr<at::BFloat16>(), down.data_ptr<at::BFloat16>(), t * h);
   return down;
 }
 
 // RMSNorm of each row (`llama_layer`'s), for the final norm
 at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.size(1) % 16 == 0 &&
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
               weight.scalar_type() == at::kBFloat16 && weight.numel() == x.size(1),
-              "multispec_dpbf16::norm: x [T, H] bfloat16 (H a multiple of 16) and a bfloat16 weight [H]");
+              "multispec_dpbf16::norm: x [T, H] bfloat16 and a bfloat16 weight [H]");
   return norm_rows(x, weight.contiguous(), static_cast<float>(eps));
 }
 
@@ -800,7 +819,7 @@ TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("set_prefetch(int[] modes) -> ()", &set_prefetch);
   m.def("llama_layer(Tensor hidden, Tensor[] weights, Tensor(a!) keys, Tensor(b!) values, Tensor cos, Tensor sin, "
         "Tensor rows, Tensor slots, Tensor mask, int[] fused, int heads, int kv_heads, int inter, float eps, "
-        "float scaling, bool tiles) -> Tensor");
+        "float scaling, int tiles) -> Tensor");
   m.def("norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 

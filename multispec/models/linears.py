@@ -97,11 +97,13 @@ def ours() -> str | None:
     return TILES if dpbf16.tiles_run() else DPBF16
 
 
-def tileable(module) -> bool:
-    """Whether our kernel (`ours`) takes this map here: bfloat16 on a CPU, inputs in multiples of 32 on tiles
-    (pairs on the dot-product kernel)."""
+def our_kind(module) -> str | None:
+    """The kernel of ours that takes this map here, or None: the tiles (`ours`) where its inputs come in multiples
+    of 32, else the dot-product kernel (pairs of inputs), for a bfloat16 map on the CPU."""
     kind = ours()
-    return kind is not None and dpbf16.eligible(module) and (kind != TILES or module.in_features % 32 == 0)
+    if kind is None or not dpbf16.eligible(module):
+        return None
+    return TILES if kind == TILES and module.in_features % 32 == 0 else DPBF16
 
 
 def _linears(model) -> list[torch.nn.Linear]:
@@ -177,16 +179,19 @@ def pack(model) -> tuple[bool, float, float]:
 
 
 def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
-    """Race our kernel (`ours`: the tile kernel, or the dot-product one without AMX) on the maps it takes against
-    what `pack` left them on (one row each, ROUNDS interleaved passes over every map); where it was faster, those
-    maps run on it. Remembered like `pack`'s choice, per build of the kernel."""
+    """Race our kernels (`our_kind`: the tile kernel, and the dot-product one for maps the tiles do not take or
+    without AMX) on the maps they take against what `pack` left them on (one row each, ROUNDS interleaved passes
+    over every map); where they were faster, those maps run on them. Remembered like `pack`'s choice, per build of
+    the kernel."""
     kind = ours()
-    takes = [m for m in found if tileable(m)]
+    takes = [m for m in found if our_kind(m) is not None]
     if not takes:
         return False
-    run = _OURS[kind]
+    kinds = [our_kind(m) for m in takes]
     prefix = "tile-linears" if kind == TILES else "dpbf16-linears"
     stored = stored.replace("packed-linears", prefix, 1) + f"|dpbf16={dpbf16._digest()}"
+    if kind == TILES and DPBF16 in kinds:  # (some maps on the dot products beside the tiles)
+        stored += "|mixed"
     key = (kind, *key)
     if key not in _TILES:
         saved = read_store(kernel_store_path()).get(stored)
@@ -210,8 +215,8 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
                 for m in found:
                     if m not in taken:
                         m(inputs[m.in_features])
-            for m, t in zip(takes, tiles, strict=True):
-                run(inputs[m.in_features], t, m.bias, m.out_features)
+            for m, t, k in zip(takes, tiles, kinds, strict=True):
+                _OURS[k](inputs[m.in_features], t, m.bias, m.out_features)
 
         taken = set(takes)
         (before, fast), settled = undisturbed(lambda: _race(before_pass, ours_pass))
@@ -221,8 +226,8 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
     if not _TILES[key][0]:
         return False
     tiles = tiles or [dpbf16.pack(m.weight.detach()) for m in takes]
-    for m, t in zip(takes, tiles, strict=True):
-        _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, kind)
+    for m, t, k in zip(takes, tiles, kinds, strict=True):
+        _PACKED[m] = ((m.weight.data_ptr(), m.weight.dtype), t, k)
         m.forward = types.MethodType(_packed_forward, m)
     return True
 

@@ -46,9 +46,21 @@ class LeanLlama:
             for layer in self.layers
         ]
         self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
-        # the products on the kernel the maps won their race on (`why_not`: all of them on one)
-        self.tiles = linears.packed_kind(self.layers[0].self_attn.q_proj) == linears.TILES
+        # per layer, the maps (q, k, v, o, gate, up, down: bits 0 to 6) on the tile kernel; the others run on the
+        # dot-product one (`why_not`: every map on one of the two, each summing a row in one order)
+        self.tiles = [
+            sum(
+                1 << i
+                for i, m in enumerate((*(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo"), *self._mlp(layer)))
+                if linears.packed_kind(m) == linears.TILES
+            )
+            for layer in self.layers
+        ]
         self._first = self._weight_id()
+
+    @staticmethod
+    def _mlp(layer):
+        return tuple(getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down"))
 
     def _weight_id(self):
         q = self.layers[0].self_attn.q_proj.weight
@@ -65,13 +77,13 @@ class LeanLlama:
         cfg = model.config
         if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "attention_bias", False):
             return "not silu, or biased attention"
-        if getattr(cfg, "mlp_bias", False) or cfg.hidden_size % 16 or cfg.intermediate_size % 16:
-            return "biased MLP, or widths not multiples of 16"
+        if getattr(cfg, "mlp_bias", False) or cfg.hidden_size % 2 or cfg.intermediate_size % 2:
+            return "biased MLP, or odd widths"
         maps = [m for layer in model.model.layers for m in (*layer.self_attn.children(), *layer.mlp.children())]
         maps = [m for m in maps if type(m) is torch.nn.Linear]
-        ours = linears.ours()
-        if len(maps) != 7 * len(model.model.layers) or any(linears.packed_kind(m) != ours for m in maps):
-            return "not every linear map runs on our kernel here"
+        ours = (linears.TILES, linears.DPBF16)
+        if len(maps) != 7 * len(model.model.layers) or any(linears.packed_kind(m) not in ours for m in maps):
+            return "not every linear map runs on our kernels here"
         return None
 
     def usable(self) -> bool:
@@ -121,11 +133,11 @@ class LeanLlama:
             k = logits_to_keep or n
             keep = (torch.arange(b)[:, None] * n + torch.arange(n - k, n)[None, :]).flatten()
         spans = self.fused_spans(packed, fused, b, n)
-        tiles = self.tiles
         # the layers' inputs being read (`HFModel.hidden_features`), as its hooks would see them: [b, n, H]
         seen = getattr(getattr(self.hf, "_capture", None), "seen", None)
         reading = self.hf._hooked if seen is not None else ()
-        for i, (weights, key, value, scaling) in enumerate(zip(self.weights, keys, values, self.scaling, strict=True)):
+        layers = zip(self.weights, keys, values, self.scaling, self.tiles, strict=True)
+        for i, (weights, key, value, scaling, tiles) in enumerate(layers):
             if i in reading:
                 # (each layer returns a new tensor: this one stays as it is)
                 seen[i] = hidden.view(b, n, -1) if packed is None else hidden[None]

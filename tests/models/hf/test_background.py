@@ -74,7 +74,7 @@ def test_a_target_whose_eager_layers_are_one_kernel_call_each_compiles_nothing(c
     monkeypatch.setenv("MULTISPEC_COMPILE", "auto")
     model = load_model(str(folder), dtype="bfloat16")
     assert model.auto_compile and not model.compile and not background.waiting(model)
-    assert model.lean() is not None and model.lean().tiles == (kind == linears.TILES)
+    assert model.lean() is not None and set(model.lean().tiles) == {0x7F if kind == linears.TILES else 0}
     assert background.workers() == []
     monkeypatch.setenv("MULTISPEC_LEAN", "0")  # where its eager steps go through transformers' modules
     plain = load_model(str(folder), dtype="bfloat16", compile=False)
