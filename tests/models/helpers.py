@@ -15,19 +15,23 @@ def full_logits(model, ids):
         return model.model(torch.tensor([ids])).logits[0].float()
 
 
-def _bf16_llama(hidden: int = 384, intermediate: int | None = None):
+def _bf16_llama(hidden: int = 384, intermediate: int | None = None, heads: int | None = None):
+    """A two-layer bfloat16 Llama with heads of 64 (`hidden // 64` of them unless `heads`, a third as many for
+    keys and values)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from multispec.models.hf import HFModel
 
     torch.manual_seed(0)
+    heads = heads or hidden // 64
     config = LlamaConfig(
         vocab_size=256,
         hidden_size=hidden,
         intermediate_size=intermediate or 6 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=hidden // 192,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 3,
+        head_dim=64,
         max_position_embeddings=512,
         eos_token_id=None,
         bos_token_id=None,
