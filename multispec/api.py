@@ -193,7 +193,7 @@ def generate(
     target: LanguageModel,
     draft: LanguageModel | None,
     prompt: str | list[int],
-    method: str = DEFAULT_METHOD,
+    method: str | None = DEFAULT_METHOD,
     max_new_tokens: int = 128,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -215,7 +215,7 @@ def generate(
             ids [prompt tokens].
         method: a registered name ("ar", "beam", "sd", ...), optionally with parameters after a colon as on
             the command line ("sd:gamma=6"); keyword parameters override those. The default, `DEFAULT_METHOD`
-            ("sd:gamma=auto,drafter=hybrid"), is the command line's.
+            ("sd:gamma=auto,drafter=hybrid"), is the command line's; None means it too (as in `generate_batch`).
         max_new_tokens: at most this many new tokens (an end-of-sequence token ends the output sooner).
         temperature, top_k, top_p: the warp both models are sampled with (temperature 0: greedy).
         seed: the seed of every draw (same seed, same output); None: a fresh one.
@@ -235,6 +235,7 @@ def generate(
         ValueError: a bad request (an unknown method or parameter, a value out of range, an empty prompt or
             one longer than the context, a draft with another vocabulary), naming the problem.
     """
+    method = DEFAULT_METHOD if method is None else method
     method, given = parse_method(method) if isinstance(method, str) else (method, {})
     method_params = {**given, **method_params}
     spec, params, sampling = validate_request(method, max_new_tokens, temperature, top_k, top_p, method_params, seed)

@@ -20,7 +20,8 @@ def test_generate_without_a_method_runs_the_default():
     plain = generate(target, draft, prompt, max_new_tokens=20, seed=3)
     named = generate(target, draft, prompt, method="sd", gamma="auto", drafter="hybrid", max_new_tokens=20, seed=3)
     spec = generate(target, draft, prompt, method="sd:gamma=auto,drafter=hybrid", max_new_tokens=20, seed=3)
-    assert plain.token_ids == named.token_ids == spec.token_ids
+    none = generate(target, draft, prompt, method=None, max_new_tokens=20, seed=3)  # as generate_batch takes it
+    assert plain.token_ids == named.token_ids == spec.token_ids == none.token_ids
     assert "drafter_iterations" in plain.stats  # gamma=auto ran, with the hybrid's drafters
     # keyword parameters override those in the spec
     fixed = generate(target, draft, prompt, method="sd:gamma=auto", gamma=2, max_new_tokens=20, seed=3)
