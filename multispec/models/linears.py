@@ -47,7 +47,7 @@ _TILES: dict[tuple, tuple[bool, float, float]] = {}
 # (`dpbf16.linear`), where the tiles do not run
 ONEDNN, TILES, DPBF16 = "onednn", "tiles", "dpbf16"
 _OURS = {TILES: dpbf16.linear_tiles, DPBF16: dpbf16.linear}
-# module -> (the plain weight's data pointer and dtype when packed, the packed weight, ONEDNN or TILES): kept off
+# module -> (the plain weight's data pointer and dtype when packed, the packed weight, its kernel's name): kept off
 # the module, so that a copy of the model (deepcopy) or its weights moved or cast (`.to`) fall back to the plain
 # weights
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -184,10 +184,11 @@ def _tiles(found: list[torch.nn.Linear], key: tuple, stored: str) -> bool:
     over every map); where they were faster, those maps run on them. Remembered like `pack`'s choice, per build of
     the kernel."""
     kind = ours()
-    takes = [m for m in found if our_kind(m) is not None]
+    chosen = [(m, our_kind(m)) for m in found]
+    takes = [m for m, k in chosen if k is not None]
     if not takes:
         return False
-    kinds = [our_kind(m) for m in takes]
+    kinds = [k for _, k in chosen if k is not None]
     prefix = "tile-linears" if kind == TILES else "dpbf16-linears"
     stored = stored.replace("packed-linears", prefix, 1) + f"|dpbf16={dpbf16._digest()}"
     if kind == TILES and DPBF16 in kinds:  # (some maps on the dot products beside the tiles)

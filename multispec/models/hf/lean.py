@@ -25,6 +25,14 @@ from .. import linears
 FAMILIES = ("LlamaForCausalLM",)  # the decoder layer `llama_layer` computes
 
 
+def _maps(layer) -> list[torch.nn.Module]:
+    """A decoder layer's seven linear maps in the order `dpbf16.llama_layer` takes them: q, k, v, o, gate, up, down."""
+    return [
+        *(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo"),
+        *(getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down")),
+    ]
+
+
 class LeanLlama:
     """The weights `dpbf16.llama_layer` reads, gathered once from an `HFModel` (see `why_not`)."""
 
@@ -36,31 +44,23 @@ class LeanLlama:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.inter, self.eps = cfg.intermediate_size, float(cfg.rms_norm_eps)
         self.layers = model.model.layers
-        self.weights = [
-            [
-                layer.input_layernorm.weight.detach(),
-                *(linears.packed_weight(getattr(layer.self_attn, f"{p}_proj")) for p in "qkvo"),
-                layer.post_attention_layernorm.weight.detach(),
-                *(linears.packed_weight(getattr(layer.mlp, f"{p}_proj")) for p in ("gate", "up", "down")),
-            ]
-            for layer in self.layers
-        ]
-        self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
-        # per layer, the maps (q, k, v, o, gate, up, down: bits 0 to 6) on the tile kernel; the others run on the
-        # dot-product one (`why_not`: every map on one of the two, each summing a row in one order)
-        self.tiles = [
-            sum(
-                1 << i
-                for i, m in enumerate((*(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo"), *self._mlp(layer)))
-                if linears.packed_kind(m) == linears.TILES
+        self.weights, self.tiles = [], []
+        for layer in self.layers:
+            maps = _maps(layer)
+            packed = [linears.packed_weight(m) for m in maps]
+            self.weights.append(
+                [
+                    layer.input_layernorm.weight.detach(),
+                    *packed[:4],
+                    layer.post_attention_layernorm.weight.detach(),
+                    *packed[4:],
+                ]
             )
-            for layer in self.layers
-        ]
+            # the maps on the tile kernel (bit i: the i-th of `_maps`); the others run on the dot-product one
+            # (`why_not`: every map on one of the two, each summing a row in one order)
+            self.tiles.append(sum(1 << i for i, m in enumerate(maps) if linears.packed_kind(m) == linears.TILES))
+        self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
         self._first = self._weight_id()
-
-    @staticmethod
-    def _mlp(layer):
-        return tuple(getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down"))
 
     def _weight_id(self):
         q = self.layers[0].self_attn.q_proj.weight
