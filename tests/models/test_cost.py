@@ -23,7 +23,6 @@ def test_compiles_during_a_call_count_as_one_time_not_as_decoding(tmp_path, monk
     # forward seconds and the controller's decoding speed
     from multispec.models.cost import _COSTS, COST_CONTEXTS, COST_TOKENS, cost_key
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     target, draft = tiny_llama(seed=11), tiny_llama(seed=12, layers=1)
     curves = {}

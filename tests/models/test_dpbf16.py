@@ -180,7 +180,6 @@ def _products(package) -> int:
 def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_it(
     kernel, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_bf16(), tiny_bf16()
     compiled.compile = True
@@ -218,7 +217,6 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
 def test_a_fast_step_runs_the_batch_invariant_variant_where_it_won_the_race(kernel, tmp_path, monkeypatch):
     # a shape whose race our batch-invariant step won (stored, as an earlier process would have): a draft's
     # feeds (not batch-invariant) run it, with the bits a batch-invariant model's steps give
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     draft = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
     assert draft.steps.offers(hf.INVARIANT_DPBF16) is None
@@ -253,7 +251,6 @@ def test_a_fast_one_token_step_that_is_the_batch_invariant_one_is_not_timed_agai
 
 @pytest.mark.slow  # compiles
 def test_the_concat_form_makes_the_products_that_read_one_input_one(kernel, tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager = tiny_bf16()
     want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
@@ -435,7 +432,6 @@ def test_batch_invariant_steps_on_our_kernels_hold_their_cache_in_bfloat16(kerne
     from multispec.engine import ModelRunner
     from multispec.models import static
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     monkeypatch.setattr(hf.compiled, "EXACT_TOLERANCE", 1e9)  # the batch-invariant steps, whatever they cost here
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)
@@ -461,7 +457,6 @@ def test_compiled_steps_are_batch_invariant_where_that_costs_no_more_here(kernel
     # compile=True: the first compiled step of a target times a one-token batch-invariant step on our kernels
     # against the fast one and keeps the outcome for the machine; a tolerance that no step can miss (or meet)
     # fixes the outcome here
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     monkeypatch.setattr(hf.compiled, "EXACT_TOLERANCE", tolerance)
     model = HFModel(tiny_bf16().model, None, name="tiny-bf16-6", compile=True)

@@ -23,7 +23,6 @@ def _own_store(tmp_path, monkeypatch):
 def test_each_compiled_shape_keeps_the_kernel_variant_that_ran_fastest_here(tmp_path, monkeypatch, capsys):
     # first use of a shape on a machine: the step is compiled in every variant, each timed whole in place, and
     # the fastest kept (stored for the machine, with every timing)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager, compiled = tiny_llama(seed=6), tiny_llama(seed=6)
     compiled.compile = True
@@ -81,7 +80,6 @@ def _products(package: Path) -> int:
 def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path, monkeypatch):
     # a layer's query, key and value maps become one product, its gate and up maps another: 7 products a layer
     # and the head -> 4 a layer and the head; the logits stay the eager step's
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     eager = tiny_llama(seed=6)
     want = eager.forward(eager.new_cache(), torch.tensor([PROMPT + [9, 4, 33]]))[:, -3:]
@@ -100,7 +98,6 @@ def test_the_concat_variant_makes_the_products_that_read_one_input_one(tmp_path,
 
 
 def test_a_stored_choice_of_an_unknown_variant_is_made_again_and_a_bad_kernel_name_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
     model = tiny_llama(seed=8)
     model.compile = True
@@ -153,7 +150,6 @@ def test_a_bucket_between_the_ends_follows_their_race_where_both_kept_one_varian
 def test_a_bucket_between_raced_ends_compiles_only_their_variants(tmp_path, monkeypatch):
     # where both ends' races kept one variant, a bucket between them compiles that variant alone: one whole-model
     # compile instead of a race of several; where they kept two, it races those two alone
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     eager, model = tiny_llama(seed=6), tiny_llama(seed=6)
     model.compile = True
     raced = {"step_ms": {"onednn": 1.0, "autotuned": 1.2}}

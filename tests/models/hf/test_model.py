@@ -106,7 +106,6 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
 def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypatch):
     # the compiled step (static cache, 3 new tokens padded to a bucket of 4) gives the eager logits; a
     # longer cache (the key length is a dynamic dimension) compiles nothing new
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager = tiny_llama(seed=3)
     compiled = tiny_llama(seed=3)
     compiled.compile, compiled.steps.kernel = True, "onednn"  # one variant: one graph per shape
@@ -132,7 +131,6 @@ def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch
     # a write into a view of a cache buffer (the values without their column of ones) is exported as a scatter
     # into a copy of the whole buffer: a step whose cost grows with the cache's capacity. The step writes whole
     # entries into the buffers themselves
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager, compiled = tiny_llama(seed=3), tiny_llama(seed=3)
     compiled.compile, compiled.steps.kernel = True, "onednn"
     programs = []
@@ -159,7 +157,6 @@ def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch
 def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, monkeypatch):
     # with the bucket of 4 routed to the 8 (as a measured cost curve does where the 8's kernel ran faster),
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     eager, compiled = tiny_llama(seed=4), tiny_llama(seed=4)
     compiled.compile, compiled.steps.kernel = True, "onednn"
     compiled.bucket_route[4] = 8
@@ -177,7 +174,6 @@ def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, mo
 def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatch):
     # the cache's capacity doubles (512 -> 1024 slots) during compiled steps, so the key blocks the values product
     # reads (768 slots) stop filling the buffer: one graph throughout
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = tiny_llama(seed=5, max_positions=700)
     model.compile, model.steps.kernel = True, "onednn"
     cache = model.new_cache()
@@ -194,7 +190,6 @@ def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypat
     # two models of one architecture, compiled in one process and stepped in turn: each step runs the graph
     # holding its own frozen weights (the compiled steps drop dynamo's guards on the modules, so nothing but
     # each model's own compile keeps them apart)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     models = []
     for seed in (3, 4):
         eager, compiled = tiny_llama(seed=seed), tiny_llama(seed=seed)
@@ -288,7 +283,6 @@ def test_batch_invariant_compiled_steps_give_a_tree_node_the_bits_of_one_token_s
     # cached tokens: there attention traced into the graph gives a tree's nodes other bits than steps (a
     # known-wrong variant below). Both variants: our kernel (unpadded rows) and oneDNN (rows padded)
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _invariant_llama(kind)
     if kind == hf.INVARIANT_DPBF16:
         if model.steps.offers(hf.DPBF16) is not None:
