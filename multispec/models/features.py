@@ -9,7 +9,7 @@ forward and no bookkeeping in the methods.
 A backend exposes its hidden states through `hidden_features(layers)`: a context manager that yields a list, to
 which each forward inside it appends one tensor per layer, [B, width, H] (width >= the tokens fed: padding last),
 holding the input of that layer (the residual stream before it). `HFModel` does it with forward pre-hooks on its
-decoder layers; `MarkovLM` can carry a fixed random feature per (position, token), for the exactness checks.
+decoder layers (eager steps), or with packaged compiled steps whose graph returns them beside the logits; `MarkovLM` can carry a fixed random feature per (position, token), for the exactness checks.
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ class FeatureTarget(LanguageModel):
 
     def new_cache(self) -> FeatureCache:
         inner = self.target.new_cache()
-        # the hidden states are read by hooks on the eager forward: this cache's steps run eagerly
-        for flag in ("compiled", "captured"):
-            if hasattr(inner, flag):
-                setattr(inner, flag, False)
+        # the hidden states are read by hooks on eager steps, and returned by packaged compiled ones (`HFModel`); a
+        # CUDA graph would need its own outputs for them: this cache's steps are not captured
+        if hasattr(inner, "captured"):
+            inner.captured = False
         return FeatureCache(inner)
 
     def prepare(self) -> None:

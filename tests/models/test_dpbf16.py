@@ -199,7 +199,11 @@ def test_a_bfloat16_step_races_the_kernel_also_where_a_choice_was_stored_before_
     # only the stored choice and our kernels are raced (and the concatenated form of dpbf16, where it wins)
     raced = {"onednn", "dpbf16", hf.INVARIANT_DPBF16}
     assert raced <= set(timed) <= {*raced, "dpbf16+concat"}
-    assert ("dpbf16+concat" in timed) == (min(timed, key=timed.get).startswith("dpbf16"))
+    # (the times are kept rounded to microseconds: two variants can tie)
+    if "dpbf16+concat" in timed:  # raced beside the plain form, which won the first race
+        assert min(timed, key=timed.get) in ("dpbf16", "dpbf16+concat", hf.INVARIANT_DPBF16)
+    else:  # the plain form did not win it outright
+        assert timed["dpbf16"] >= min(timed[k] for k in raced - {"dpbf16"})
     assert entry["1x4"]["before_ms"] == earlier["step_ms"] and entry["1x4"]["kernel"] == min(timed, key=timed.get)
     assert compiled.compiles == len(timed) and "(dpbf16 kernels)" in capsys.readouterr().err
     # only the kept variant's step stays on disk, the batch-invariant one's too where it lost

@@ -280,3 +280,28 @@ def test_the_feature_cache_follows_every_cache_operation(target):
     assert cache.features.shape == (2, 2, 64)
     with pytest.raises(ValueError, match="does not expose its hidden states"):
         FeatureTarget(EagleDraft(new_head(target), target), (0,))
+
+
+@pytest.mark.slow  # compiles
+def test_a_compiled_target_returns_the_features_its_eager_steps_give(tmp_path, monkeypatch):
+    # packaged compiled steps return the read layers' inputs beside the logits (no eager step, no second forward):
+    # every fed token's features are the eager hooks', and greedy with a head on the compiled target stays ar's
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    eager, compiled = tiny_llama(layers=4, seed=3), tiny_llama(layers=4, seed=3)
+    compiled.compile, compiled.steps.kernel = True, "onednn"  # one variant: one package per shape
+    layers = (0, 2, 3)
+    want, got = FeatureTarget(eager, layers), FeatureTarget(compiled, layers)
+    cw, cg = want.new_cache(), got.new_cache()
+    for tokens in ([5, 17, 3, 42, 8], [9], [4, 33, 2], [7]):
+        expected = want.forward(cw, torch.tensor([tokens]))
+        assert torch.allclose(got.forward(cg, torch.tensor([tokens])), expected, atol=1e-4)
+    assert cg.features.shape == cw.features.shape == (1, 10, 3 * 32)
+    assert torch.allclose(cg.features, cw.features, atol=1e-4)
+    # the prompt ran eagerly; the steps of 1 and 3 tokens (buckets 1 and 4) in packages that return the features
+    assert compiled.compiles == 2 and not compiled.fallbacks
+    assert {stored for stored, _ in compiled.steps._packages} == {"onednn+features-0-2-3"}
+    draft = EagleDraft(new_head(compiled, draft_ids=torch.arange(0, 64, 2), seed=5), compiled)
+    prompt = [1, 5, 9, 3]
+    ar = generate(eager, None, prompt, method="ar", max_new_tokens=16, temperature=0)
+    out = generate(compiled, draft, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=0)
+    assert out.token_ids == ar.token_ids and not compiled.fallbacks

@@ -243,27 +243,61 @@ class CompiledSteps:
             return self._exact_step
         return self._invariant_step if kind == INVARIANT else self.hf.step
 
+    def _with_features(self, step, layers: tuple[int, ...]):
+        """`step`, returning the inputs of decoder layers `layers` beside its logits (side by side: [rows, width,
+        len(layers) x hidden]), caught by the model's hooks as it is traced (`HFModel.hidden_features`)."""
+
+        def run(ids, positions, masks, slots, keys, values):
+            seen: dict[int, torch.Tensor] = {}
+            with self.hf.capture_into(seen):
+                logits = step(ids, positions, masks, slots, keys, values)
+            return logits, torch.cat([seen[i] for i in layers], -1)
+
+        return run
+
     def run(self, ids, positions, masks, slots, cache):
+        """The step's logits [rows, width, vocab]. Where the caller keeps hidden states (`HFModel.capturing`), the
+        step is a package that returns them too (one per variant, shape and set of layers), and they are handed
+        over (`HFModel.keep_features`)."""
         args = (ids, positions, masks, slots, cache.keys, cache.values)
         shape = (ids.shape[0], ids.shape[1])
+        layers = self.hf.capturing()
+        with self.hf.capture_into(None):  # the one-time races' and checks' own forwards keep nothing
+            kind, stored = self._kind(shape, cache)
+            if kind is None:
+                # first use of this shape on this machine (or its kept variant does not run in this process, as our
+                # kernel switched off; or a variant this machine could not run when it chose was added since):
+                # compile every variant that runs, keep the fastest
+                logits = self._choose_kernel(shape, args, stored=stored)
+                if layers is None:
+                    return logits
+                # the race's last step wrote the entries the step below writes again (the same: a step is a
+                # function of the entries before it)
+                kind = self.kernels[shape]
+        if layers is None:
+            return self._call_compiled(kind, shape, args)
+        logits, features = self._call_compiled(kind, shape, args, layers)
+        self.hf.keep_features(layers, features)
+        return logits
+
+    def _kind(self, shape, cache) -> tuple[str | None, dict | None]:
+        """The variant `shape`'s step runs in, kept in `kernels`; None (and the stored choice, if any) where it is
+        to be raced first (`_choose_kernel`)."""
         if self.kernel == INVARIANT:
-            kind = cache.invariant_kind or self.invariant_kind()
-        else:
-            kind = self.kernels.get(shape)
+            return cache.invariant_kind or self.invariant_kind(), None
+        kind = self.kernels.get(shape)
         if kind is None:
             if self.kernel != "auto" or self.hf.device.type != "cpu":
                 kind = self.kernel
             else:
                 entry = store.choice(self.hf, shape)
                 if entry is None or self.offers(entry["kernel"]) is not None:
-                    # first use of this shape on this machine (or its kept variant does not run in this process,
-                    # as our kernel switched off): compile every variant that runs, keep the fastest
-                    return self._choose_kernel(shape, args)
+                    return None, None
+                if self._untried(entry):
+                    return None, entry
                 kind = entry["kernel"]
-                if self._untried(entry):  # a variant this machine could not run when it chose (added since)
-                    return self._choose_kernel(shape, args, stored=entry)
             self.kernels[shape] = kind
-        return self._call_compiled(kind, shape, args)
+        return kind, None
 
     def offers(self, kind: str) -> str | None:
         """None where kernel variant `kind` (of `KERNELS`) can run this model's compiled steps here, else why
@@ -293,7 +327,9 @@ class CompiledSteps:
         kinds = (*RACED, *(() if kept.endswith(CONCAT) else (kept + CONCAT,)))
         return [k for k in kinds if k not in store.tried(entry) and self.offers(k) is None]
 
-    def _call_compiled(self, kind, shape, args):
+    def _call_compiled(self, kind, shape, args, layers: tuple[int, ...] | None = None):
+        """Run `shape`'s compiled step in variant `kind` (packaged, or compiled in memory where packages are not
+        kept); with `layers`, its package that returns those layers' inputs too: (logits, features)."""
         from torch._dynamo.utils import counters
 
         t0 = time.perf_counter()  # a process's first torch.compile imports dynamo and inductor (~0.8 s): one-time too
@@ -304,11 +340,15 @@ class CompiledSteps:
             # a package takes the cache's buffers in the type they were exported with: one per storage type
             storage = args[4][0].dtype
             stored = self.stored_name(kind, storage)
-            step = self._packages.get((stored, shape)) or self._package(kind, shape, args, kernels, t0, stored)
+            if layers is not None:
+                stored += "+features-" + "-".join(map(str, layers))
+            step = self._packages.get((stored, shape)) or self._package(kind, shape, args, kernels, t0, stored, layers)
             if step is not None:
                 ids, positions, masks, slots, keys, values = args
                 masks = {k: m.contiguous() for k, m in masks.items()} if isinstance(masks, dict) else masks.contiguous()
                 return step(ids, positions, masks, slots, keys, values)
+        if layers is not None:
+            raise RuntimeError(f"{self.hf.name}'s steps are not packaged here: its hidden states come from eager steps")
         ids, positions, masks, slots, keys, values = args
         for m in masks.values() if isinstance(masks, dict) else (masks,):
             torch._dynamo.mark_dynamic(m, m.dim() - 1)  # the key length grows every step: one graph for all
@@ -429,14 +469,18 @@ class CompiledSteps:
             self._weights_key = packaged.weights_fingerprint(self.hf.model)
         return f"{store.kernel_key(self.hf)}|weights={self._weights_key}"
 
-    def _package(self, kind, shape, args, kernels, t0, stored=None):
+    def _package(self, kind, shape, args, kernels, t0, stored=None, layers=None):
         """This shape's compiled step in variant `kind`, loaded from this machine's packages or compiled into
-        one (a one-time cost either way), kept as `stored` (the variant and the cache's storage type); None where
-        the model does not export (it is then compiled in memory, per process, by torch.compile)."""
+        one (a one-time cost either way), kept as `stored` (the variant, the cache's storage type and the layers
+        whose inputs it returns, `layers`); None where the model does not export (it is then compiled in memory,
+        per process, by torch.compile)."""
         stored = stored or kind
         path = packaged.path_for(self.package_key(), stored, shape)
         step = packaged.load(path)  # (our kernel's operator is loaded by then: `offers`, in `_call_compiled`)
         what = f"{self.hf.name} for {shape[0]} x {shape[1]} new tokens ({kind} kernels)"
+        if layers is not None:
+            what += f", returning the inputs of layers {', '.join(map(str, layers))}"
+        run = self._step_for(kind) if layers is None else self._with_features(self._step_for(kind), layers)
         if step is None:
             note(f"multispec: compiling {what} (once per shape on this machine; kept in {path.parent}) ...")
             routed = (
@@ -446,7 +490,7 @@ class CompiledSteps:
             )
             try:
                 with compile_settings(kernels), routed:
-                    packaged.build(path, self.package_key(), self.hf.model, self._step_for(kind), args, kernels)
+                    packaged.build(path, self.package_key(), self.hf.model, run, args, kernels)
                 step = packaged.load(path)
                 if step is None:
                     raise RuntimeError(f"the package written to {path} does not load")

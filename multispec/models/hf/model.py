@@ -288,13 +288,42 @@ class HFModel(LanguageModel):
                 self.decoder_layers()[i].register_forward_pre_hook(self._layer_input(i), with_kwargs=True)
                 self._hooked.add(i)
         seen: dict[int, torch.Tensor] = {}
-        self._capture.seen = seen
+        self._capture.seen, self._capture.layers = seen, tuple(layers)
         out: list[torch.Tensor] = []
         try:
             yield out
         finally:
-            self._capture.seen = None
+            self._capture.seen = self._capture.layers = None
             out.extend(seen[i] for i in layers if i in seen)
+
+    def capturing(self) -> tuple[int, ...] | None:
+        """The layers whose inputs this thread's forwards keep now (`hidden_features`), else None."""
+        capture = getattr(self, "_capture", None)
+        if capture is None or getattr(capture, "seen", None) is None:
+            return None
+        return capture.layers
+
+    @contextlib.contextmanager
+    def capture_into(self, seen: dict | None):
+        """The hidden states of this thread's forwards within go to `seen` (None: nowhere): a compiled step's
+        one-time work (races, checks) keeps its own forwards' states out of the caller's, and a feed run in parts
+        gathers each part's."""
+        capture = getattr(self, "_capture", None)
+        if capture is None:
+            yield
+            return
+        before = getattr(capture, "seen", None)
+        capture.seen = seen
+        try:
+            yield
+        finally:
+            capture.seen = before
+
+    def keep_features(self, layers: tuple[int, ...], features: torch.Tensor) -> None:
+        """Hand a compiled step's hidden states ([B, width, len(layers) x hidden], the layers' inputs side by side)
+        to the forward's caller, as the hooks of an eager step do."""
+        for i, part in zip(layers, features.split(features.shape[-1] // len(layers), -1), strict=True):
+            self._capture.seen[i] = part
 
     def _layer_input(self, index: int):
         def hook(module, args, kwargs):
@@ -429,10 +458,14 @@ class HFModel(LanguageModel):
             return self._prompt_then_steps(
                 cache, tokens, positions, mask, logits_to_keep, fused_prefix, batch_invariant
             )
-        # a prompt (the first feed) runs eagerly: its length differs from call to call
+        # a prompt (the first feed) runs eagerly: its length differs from call to call. Hidden states kept for a
+        # feature-level draft come out of packaged steps (their graph returns them); elsewhere the step runs eagerly
+        capturing = self.capturing()
         compiled = self.compile and cache.compiled and past > 0 and n <= COMPILED_TOKENS
+        compiled = compiled and (capturing is None or self.steps.packaging())
         if compiled and batch_invariant:  # (a draft's forwards are not: its logits decide nothing)
-            self.steps.resolve_kernel()
+            with self.capture_into(None):
+                self.steps.resolve_kernel()
         graphed = self.graphs and cache.captured and past > 0 and n <= COMPILED_TOKENS
         # new entries written: n real, then padding (a bucket for a compiled or captured step; eagerly in a
         # reduced precision, enough rows that every product takes the kernel it takes for many: batch invariance)
@@ -532,7 +565,8 @@ class HFModel(LanguageModel):
             return self.forward(*again, batch_invariant=batch_invariant)
         if invariant and inputs.ids.shape[0] == 1 and inputs.width not in self.steps.invariance:
             logits = logits.clone()  # the probe runs steps of its own before this feed returns
-            self.steps.check_invariance(inputs.width)
+            with self.capture_into(None):
+                self.steps.check_invariance(inputs.width)
         return self._kept(cache, inputs, logits, logits_to_keep).float()
 
     def _kept(self, cache, inputs: StepInputs, logits, logits_to_keep):
@@ -662,24 +696,30 @@ class HFModel(LanguageModel):
         keep = logits_to_keep or n
         after = min(keep, n - p)  # logits kept from each part
         before = keep - after
-        head = self.forward(
-            cache,
-            tokens[:, :p],
-            None if positions is None else positions[:, :p],
-            None if mask is None else mask[:, :p, :p],
-            max(before, 1),
-            fused_prefix,
-            batch_invariant,
-        )
-        tail = self.forward(
-            cache,
-            tokens[:, p:],
-            None if positions is None else positions[:, p:],
-            None if mask is None else mask[:, p:, :n],
-            after,
-            0,
-            batch_invariant,
-        )
+        outer = getattr(self._capture, "seen", None) if hasattr(self, "_capture") else None
+        parts: tuple[dict, dict] = ({}, {})
+        with self.capture_into(parts[0] if outer is not None else None):
+            head = self.forward(
+                cache,
+                tokens[:, :p],
+                None if positions is None else positions[:, :p],
+                None if mask is None else mask[:, :p, :p],
+                max(before, 1),
+                fused_prefix,
+                batch_invariant,
+            )
+        with self.capture_into(parts[1] if outer is not None else None):
+            tail = self.forward(
+                cache,
+                tokens[:, p:],
+                None if positions is None else positions[:, p:],
+                None if mask is None else mask[:, p:, :n],
+                after,
+                0,
+                batch_invariant,
+            )
+        if outer is not None:  # the prompt's states (its padding dropped), then the rest's
+            outer.update({i: torch.cat([parts[0][i][:, :p], parts[1][i]], 1) for i in parts[0]})
         return torch.cat([head[:, head.shape[1] - before :], tail], 1)
 
     def step(
