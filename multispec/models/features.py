@@ -9,7 +9,8 @@ forward and no bookkeeping in the methods.
 A backend exposes its hidden states through `hidden_features(layers)`: a context manager that yields a list, to
 which each forward inside it appends one tensor per layer, [B, width, H] (width >= the tokens fed: padding last),
 holding the input of that layer (the residual stream before it). `HFModel` does it with forward pre-hooks on its
-decoder layers (eager steps), or with packaged compiled steps whose graph returns them beside the logits; `MarkovLM` can carry a fixed random feature per (position, token), for the exactness checks.
+decoder layers (eager steps), or with packaged compiled steps whose graph returns them beside the logits;
+`MarkovLM` can carry a fixed random feature per (position, token), for the exactness checks.
 """
 
 from __future__ import annotations
