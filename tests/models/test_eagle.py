@@ -305,3 +305,23 @@ def test_a_compiled_target_returns_the_features_its_eager_steps_give(tmp_path, m
     ar = generate(eager, None, prompt, method="ar", max_new_tokens=16, temperature=0)
     out = generate(compiled, draft, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=0)
     assert out.token_ids == ar.token_ids and not compiled.fallbacks
+
+
+@pytest.mark.slow  # compiles
+def test_a_batch_invariant_target_returns_the_features_of_a_prompt_fed_with_drafts(tmp_path, monkeypatch):
+    # batch-invariant compiled steps score a first feed of a prompt and drafts in two parts (the prompt eagerly, the
+    # drafts in a compiled step): both parts' features come back, in order, as one eager step gives them
+    from multispec.models import hf
+
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    eager, compiled = tiny_llama(layers=4, seed=3), tiny_llama(layers=4, seed=3)
+    compiled.compile, compiled.steps.kernel = True, hf.INVARIANT
+    layers = (0, 2, 3)
+    want, got = FeatureTarget(eager, layers), FeatureTarget(compiled, layers)
+    cw, cg = want.new_cache(), got.new_cache()
+    tokens = torch.tensor([[5, 17, 3, 42, 8, 9]])  # a prompt of 4, then 2 drafts
+    expected = want.forward(cw, tokens, fused_prefix=3)
+    assert torch.allclose(got.forward(cg, tokens, fused_prefix=3), expected, atol=1e-4)
+    assert cg.features.shape == cw.features.shape == (1, 6, 3 * 32)
+    assert torch.allclose(cg.features, cw.features, atol=1e-4)
+    assert any(stored.endswith("+features-0-2-3") for stored, _ in compiled.steps._packages)

@@ -696,7 +696,7 @@ class HFModel(LanguageModel):
         keep = logits_to_keep or n
         after = min(keep, n - p)  # logits kept from each part
         before = keep - after
-        outer = getattr(self._capture, "seen", None) if hasattr(self, "_capture") else None
+        outer = self._capture.seen if self.capturing() is not None else None  # the caller keeps hidden states
         parts: tuple[dict, dict] = ({}, {})
         with self.capture_into(parts[0] if outer is not None else None):
             head = self.forward(

@@ -96,7 +96,7 @@ def test_a_replayed_step_gives_the_eager_logits_and_is_captured_once_per_shape()
 
 
 @cuda
-def test_a_compiled_step_under_a_graph_gives_the_eager_logits(tmp_path, monkeypatch):
+def test_a_compiled_step_under_a_graph_gives_the_eager_logits():
     graphed, eager = on_cuda(tiny_llama(seed=3)), on_cuda(tiny_llama(seed=3))
     graphed.compile, eager.graphs = True, False
     cg, ce = graphed.new_cache(), eager.new_cache()

@@ -147,7 +147,7 @@ def test_a_bucket_between_the_ends_follows_their_race_where_both_kept_one_varian
 
 
 @pytest.mark.slow
-def test_a_bucket_between_raced_ends_compiles_only_their_variants(tmp_path, monkeypatch):
+def test_a_bucket_between_raced_ends_compiles_only_their_variants(tmp_path):
     # where both ends' races kept one variant, a bucket between them compiles that variant alone: one whole-model
     # compile instead of a race of several; where they kept two, it races those two alone
     eager, model = tiny_llama(seed=6), tiny_llama(seed=6)

@@ -103,7 +103,7 @@ def test_sampled_batch_sd_uses_tree_masks_consistently():
 
 
 @pytest.mark.slow
-def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypatch):
+def test_compiled_forward_equals_eager_and_counts_its_graphs():
     # the compiled step (static cache, 3 new tokens padded to a bucket of 4) gives the eager logits; a
     # longer cache (the key length is a dynamic dimension) compiles nothing new
     eager = tiny_llama(seed=3)
@@ -127,7 +127,7 @@ def test_compiled_forward_equals_eager_and_counts_its_graphs(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch):
+def test_a_compiled_step_writes_new_cache_entries_in_place(monkeypatch):
     # a write into a view of a cache buffer (the values without their column of ones) is exported as a scatter
     # into a copy of the whole buffer: a step whose cost grows with the cache's capacity. The step writes whole
     # entries into the buffers themselves
@@ -154,7 +154,7 @@ def test_a_compiled_step_writes_new_cache_entries_in_place(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, monkeypatch):
+def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits():
     # with the bucket of 4 routed to the 8 (as a measured cost curve does where the 8's kernel ran faster),
     # feeds of 3 and of 6 tokens run one graph, and give the eager logits
     eager, compiled = tiny_llama(seed=4), tiny_llama(seed=4)
@@ -171,7 +171,7 @@ def test_a_routed_bucket_runs_the_larger_graph_with_the_same_logits(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatch):
+def test_compiled_steps_do_not_recompile_as_the_cache_grows():
     # the cache's capacity doubles (512 -> 1024 slots) during compiled steps, so the key blocks the values product
     # reads (768 slots) stop filling the buffer: one graph throughout
     model = tiny_llama(seed=5, max_positions=700)
@@ -186,7 +186,7 @@ def test_compiled_steps_do_not_recompile_as_the_cache_grows(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_compiled_models_of_one_shape_keep_their_own_weights(tmp_path, monkeypatch):
+def test_compiled_models_of_one_shape_keep_their_own_weights():
     # two models of one architecture, compiled in one process and stepped in turn: each step runs the graph
     # holding its own frozen weights (the compiled steps drop dynamo's guards on the modules, so nothing but
     # each model's own compile keeps them apart)
