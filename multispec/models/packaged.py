@@ -131,9 +131,13 @@ def export(model: torch.nn.Module, run: Callable, args: tuple) -> torch.export.E
 
 
 def build(path: Path, key: str, model: torch.nn.Module, run: Callable, args: tuple, kernels: dict) -> None:
-    """Export `run(*args)` and compile it into a package at `path`; written under another name and renamed, so
-    an interrupted compile leaves nothing half-made."""
-    program = export(model, run, args)
+    """Export `run(*args)` and compile it into a package at `path` (`compile_program`)."""
+    compile_program(path, key, export(model, run, args), kernels)
+
+
+def compile_program(path: Path, key: str, program: torch.export.ExportedProgram, kernels: dict) -> None:
+    """Compile an exported step into a package at `path` with inductor options `kernels`; written under another
+    name and renamed, so an interrupted compile leaves nothing half-made."""
     with torch.inference_mode(False), torch.no_grad():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".pt2")

@@ -300,7 +300,8 @@ def test_a_compiled_target_returns_the_features_its_eager_steps_give(tmp_path, m
     # the prompt ran eagerly; the steps of 1 and 3 tokens (buckets 1 and 4) in packages that return the features
     assert compiled.compiles == 2 and not compiled.fallbacks
     assert {stored for stored, _ in compiled.steps._packages} == {"onednn+features-0-2-3"}
-    draft = EagleDraft(new_head(compiled, draft_ids=torch.arange(0, 64, 2), seed=5), compiled)
+    # a head reading the same layers runs on the packages made above (gamma=3: the buckets of 1 and 4 tokens)
+    draft = EagleDraft(new_head(compiled, draft_ids=torch.arange(0, 64, 2), target_layers=layers, seed=5), compiled)
     prompt = [1, 5, 9, 3]
     ar = generate(eager, None, prompt, method="ar", max_new_tokens=16, temperature=0)
     out = generate(compiled, draft, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=0)

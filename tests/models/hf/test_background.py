@@ -9,7 +9,7 @@ import torch
 
 from multispec.api import describe_model, load_model
 from multispec.entrypoints.cli import main
-from multispec.models.hf import background
+from multispec.models.hf import background, compiled
 from tests.conftest import tiny_llama
 from tests.models.helpers import PROMPT
 
@@ -167,8 +167,10 @@ def test_a_first_run_is_eager_and_a_background_worker_makes_the_steps(cache, tin
 
 @pytest.mark.slow
 def test_once_every_step_is_made_a_later_process_runs_compiled_and_compiles_nothing(cache, tiny_folder, monkeypatch):
-    # one bucket here (every bucket is made the same way; seven take minutes): what the worker runs, in process
+    # one bucket here (every bucket is made the same way; seven take minutes), and one kernel variant raced with its
+    # concatenated form (the race is `test_kernels.py`'s): what the worker runs, in process
     monkeypatch.setattr(background, "BUCKETS", (1,))
+    monkeypatch.setattr(compiled, "RACED", ("onednn",))
     from multispec.tools.prepare import prepare_model
 
     # a long-lived process (a server) that loaded the model before its steps were made; its worker is ended here,
