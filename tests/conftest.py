@@ -3,6 +3,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 # inductor's C++ wrapper of a packaged step (the calls into its kernels; no arithmetic of its own) is compiled at
@@ -22,26 +23,46 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one core per worker (the README's c
 # starts beside the suite (the tests of that default set MULTISPEC_COMPILE themselves)
 os.environ["MULTISPEC_COMPILE"] = "eager"
 
+
+def _run_folder(what: str, run: str | None) -> str:
+    """A folder of this run under the temp directory: the workers of an xdist run share one (named by the run's id);
+    a process of its own (a run without workers, the process that starts them) makes its own. Removed when the
+    run ends (`pytest_sessionfinish`)."""
+    if run:
+        return os.path.join(tempfile.gettempdir(), f"multispec-tests-{what}-{run}")
+    return tempfile.mkdtemp(prefix=f"multispec-tests-{what}-")
+
+
 # inductor's generated code and compiled kernels go to one cache for the run, shared by its workers and the processes
 # tests start: a tiny model's step compiled by one test is largely reused by the next (a kept step of a 2-layer Llama
 # built in ~18 s instead of ~32), and nothing is read from or left in the user's own cache
 _run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = (
-    os.path.join(tempfile.gettempdir(), f"multispec-tests-inductor-{_run}")
-    if _run
-    else tempfile.mkdtemp(prefix="multispec-tests-inductor-")
-)
-
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _run_folder("inductor", _run)
 # packages built in this run, shared by its workers (`_packages_built_once`)
-_BUILT = (
-    Path(tempfile.gettempdir()) / f"multispec-tests-packages-{_run}"
-    if _run
-    else Path(tempfile.mkdtemp(prefix="multispec-tests-packages-"))
-)
-
-# cost curves measured by tests (two workers share the cores) go to a file of this run, not the user's cache,
+_BUILT = Path(_run_folder("packages", _run))
+# cost curves measured by tests (two workers share the cores) go to a file of this process, not the user's cache,
 # where gamma=auto, tree=auto and tune would read them later; subprocesses inherit it
-os.environ["MULTISPEC_COST_FILE"] = os.path.join(tempfile.mkdtemp(prefix="multispec-costs-"), "forward_cost.json")
+_COSTS = tempfile.mkdtemp(prefix="multispec-tests-costs-")
+os.environ["MULTISPEC_COST_FILE"] = os.path.join(_COSTS, "forward_cost.json")
+
+
+def pytest_configure(config):
+    # the process that starts xdist's workers names the run, so that it can remove the folders they share at the end
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session):
+    folders = [_COSTS]
+    if not _run:  # a worker's shared folders are removed by the process that started the workers, after all ended
+        folders += [os.environ["TORCHINDUCTOR_CACHE_DIR"], str(_BUILT)]
+    run = getattr(session.config.option, "testrunuid", None)
+    if run and not hasattr(session.config, "workerinput"):
+        folders += [
+            os.path.join(tempfile.gettempdir(), f"multispec-tests-{what}-{run}") for what in ("inductor", "packages")
+        ]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def tiny_llama(vocab: int = 64, seed: int = 0, layers: int = 2, hidden: int = 32, max_positions: int = 128):
