@@ -58,9 +58,7 @@ def pytest_sessionfinish(session):
         folders += [os.environ["TORCHINDUCTOR_CACHE_DIR"], str(_BUILT)]
     run = getattr(session.config.option, "testrunuid", None)
     if run and not hasattr(session.config, "workerinput"):
-        folders += [
-            os.path.join(tempfile.gettempdir(), f"multispec-tests-{what}-{run}") for what in ("inductor", "packages")
-        ]
+        folders += [_run_folder(what, run) for what in ("inductor", "packages")]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -189,24 +187,22 @@ def _packages_built_once():
         graph = program.graph_module.print_readable(print_output=False, include_stride=True, include_device=True)
         digest = hashlib.sha256("\0".join([key, path.name, repr(sorted(kernels.items())), graph]).encode())
         kept = _BUILT / f"{digest.hexdigest()}.pt2"
-        if not kept.is_file():
+        if kept.is_file():
+            _copy(kept, path)
+            (path.parent / "key.json").write_text(json.dumps({"key": key}))  # as `packaged.compile_program` does
+        else:
             packaged.compile_program(path, key, program, kernels)
-            _BUILT.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=_BUILT, suffix=".tmp")
-            os.close(fd)
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, kept)  # (two workers keeping one step keep the same)
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".pt2")
-        os.close(fd)
-        shutil.copyfile(kept, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-        (path.parent / "key.json").write_text(json.dumps({"key": key}))
+            _copy(path, kept)  # (two workers keeping one step keep the same)
 
     original, packaged.build = packaged.build, build
     yield
     packaged.build = original
+
+
+def _copy(source: Path, dest: Path) -> None:
+    """Copy a file with its mode, written under another name and renamed (a concurrent reader never sees half)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".copying-")
+    os.close(fd)
+    shutil.copy(source, tmp)
+    os.replace(tmp, dest)
