@@ -712,21 +712,18 @@ void silu_times(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out,
   }
 }
 
-// One decoder layer over T packed tokens. hidden [T, H] bfloat16; weights: the input norm [H], the packed q, k,
-// v, o maps, the post-attention norm [H], the packed gate, up and down maps; keys [R, Hkv, C, d] and values
-// [R, Hkv, C, >= d] (float32 or bfloat16: a cache's buffers; a value column past d is set to 1, `with_ones`); cos,
-// sin [T, d] float32; token t writes its entry at row rows[t], slot slots[t], and attends with mask[t] [K]
-// (additive float32) over its row; fused: (start, count) pairs, spans of a prompt's first tokens that attend
-// causally among themselves through torch's fused attention instead (as a prompt alone does); tiles: bit i set,
-// the i-th map of q, k, v, o, gate, up, down runs on AMX tiles (`linear_tiles`), else on `linear`. Returns the
-// layer's output [T, H].
-at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const at::Tensor& keys,
-                       const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
-                       const at::Tensor& slots, const at::Tensor& mask, at::IntArrayRef fused, int64_t heads,
-                       int64_t kv_heads, int64_t inter, double eps, double scaling, int64_t tiles) {
-  TORCH_CHECK(weights.size() == 9, "multispec_dpbf16::llama_layer: nine weights");
+// The part of a decoder layer after its input norm, over T packed tokens: x [T, W] the q, k and v maps' input
+// (W = H for a Llama layer, 2H for a draft head's [embedding, feature]), residual [T, H] the stream the attention's
+// output is added to; weights[1..8]: the packed q, k, v, o maps, the post-attention norm [H], the packed gate, up
+// and down maps (weights[0], the input norm, is the caller's). The other arguments as `llama_layer`'s.
+at::Tensor layer_after_norm(const at::Tensor& x, const at::Tensor& hidden, at::TensorList weights,
+                            const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& rows, const at::Tensor& slots,
+                            const at::Tensor& mask, at::IntArrayRef fused, int64_t heads, int64_t kv_heads,
+                            int64_t inter, double eps, double scaling, int64_t tiles) {
   const int64_t t = hidden.size(0), h = hidden.size(1), d = keys.size(3);
   TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous() && h % 2 == 0 &&
+              x.dim() == 2 && x.size(0) == t && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
               inter % 2 == 0 && d % 32 == 0 && cos.size(0) == t && cos.size(1) == d && sin.sizes() == cos.sizes() &&
               cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && rows.size(0) == t &&
               slots.size(0) == t && values.size(3) >= d && keys.size(1) == kv_heads,
@@ -735,7 +732,6 @@ at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const a
   auto product = [&](const at::Tensor& x, const at::Tensor& w, int64_t n, int map) {
     return (tiles >> map) & 1 ? linear_tiles(x, w, c10::nullopt, n) : linear(x, w, c10::nullopt, n);
   };
-  const at::Tensor x = norm_rows(hidden, weights[0], static_cast<float>(eps));
   const at::Tensor q = product(x, weights[1], heads * d, 0), k = product(x, weights[2], kv_heads * d, 1);
   const at::Tensor v = product(x, weights[3], kv_heads * d, 2);
   at::Tensor query = at::empty({t, heads, d}, hidden.options()), key = at::empty({t, kv_heads, d}, hidden.options());
@@ -791,6 +787,46 @@ at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const a
   return down;
 }
 
+// One decoder layer over T packed tokens. hidden [T, H] bfloat16; weights: the input norm [H], the packed q, k,
+// v, o maps, the post-attention norm [H], the packed gate, up and down maps; keys [R, Hkv, C, d] and values
+// [R, Hkv, C, >= d] (float32 or bfloat16: a cache's buffers; a value column past d is set to 1, `with_ones`); cos,
+// sin [T, d] float32; token t writes its entry at row rows[t], slot slots[t], and attends with mask[t] [K]
+// (additive float32) over its row; fused: (start, count) pairs, spans of a prompt's first tokens that attend
+// causally among themselves through torch's fused attention instead (as a prompt alone does); tiles: bit i set,
+// the i-th map of q, k, v, o, gate, up, down runs on AMX tiles (`linear_tiles`), else on `linear`. Returns the
+// layer's output [T, H].
+at::Tensor llama_layer(const at::Tensor& hidden, at::TensorList weights, const at::Tensor& keys,
+                       const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
+                       const at::Tensor& slots, const at::Tensor& mask, at::IntArrayRef fused, int64_t heads,
+                       int64_t kv_heads, int64_t inter, double eps, double scaling, int64_t tiles) {
+  TORCH_CHECK(weights.size() == 9, "multispec_dpbf16::llama_layer: nine weights");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous(),
+              "multispec_dpbf16::llama_layer: hidden [T, H] bfloat16, contiguous");
+  const at::Tensor x = norm_rows(hidden, weights[0], static_cast<float>(eps));
+  return layer_after_norm(x, hidden, weights, keys, values, cos, sin, rows, slots, mask, fused, heads, kv_heads,
+                          inter, eps, scaling, tiles);
+}
+
+// A feature-level draft head's decoder layer (EAGLE-3, `models/eagle.py`) over T packed tokens: attention over
+// [normed embedding, normed feature] (2H wide), its output added to the normed feature (`normed_residual`) or to
+// the feature itself, then the MLP as a Llama layer's. embeds, features [T, H] bfloat16; weights: `llama_layer`'s
+// nine (the input norm is the embedding's; q, k, v read 2H), then the feature's norm [H]. The rest as
+// `llama_layer`'s (no fused spans).
+at::Tensor head_layer(const at::Tensor& embeds, const at::Tensor& features, at::TensorList weights,
+                      const at::Tensor& keys, const at::Tensor& values, const at::Tensor& cos, const at::Tensor& sin,
+                      const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& mask, int64_t heads,
+                      int64_t kv_heads, int64_t inter, double eps, double scaling, int64_t tiles,
+                      bool normed_residual) {
+  TORCH_CHECK(weights.size() == 10, "multispec_dpbf16::head_layer: ten weights");
+  TORCH_CHECK(embeds.dim() == 2 && embeds.scalar_type() == at::kBFloat16 && embeds.is_contiguous() &&
+              features.sizes() == embeds.sizes() && features.scalar_type() == at::kBFloat16 &&
+              features.is_contiguous(), "multispec_dpbf16::head_layer: embeds and features [T, H] bfloat16");
+  const at::Tensor normed = norm_rows(features, weights[9], static_cast<float>(eps));
+  const at::Tensor x = at::cat({norm_rows(embeds, weights[0], static_cast<float>(eps)), normed}, 1);
+  return layer_after_norm(x, normed_residual ? normed : features, weights, keys, values, cos, sin, rows, slots, mask,
+                          {}, heads, kv_heads, inter, eps, scaling, tiles);
+}
+
 // RMSNorm of each row (`llama_layer`'s), for the final norm
 at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous() &&
@@ -820,6 +856,9 @@ TORCH_LIBRARY(multispec_dpbf16, m) {
   m.def("llama_layer(Tensor hidden, Tensor[] weights, Tensor(a!) keys, Tensor(b!) values, Tensor cos, Tensor sin, "
         "Tensor rows, Tensor slots, Tensor mask, int[] fused, int heads, int kv_heads, int inter, float eps, "
         "float scaling, int tiles) -> Tensor");
+  m.def("head_layer(Tensor embeds, Tensor features, Tensor[] weights, Tensor(a!) keys, Tensor(b!) values, Tensor cos, "
+        "Tensor sin, Tensor rows, Tensor slots, Tensor mask, int heads, int kv_heads, int inter, float eps, "
+        "float scaling, int tiles, bool normed_residual) -> Tensor");
   m.def("norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
@@ -829,5 +868,6 @@ TORCH_LIBRARY_IMPL(multispec_dpbf16, CPU, m) {
   m.impl("attend", &attend);
   m.impl("attend_tokens", &attend_tokens);
   m.impl("llama_layer", &llama_layer);
+  m.impl("head_layer", &head_layer);
   m.impl("norm", &norm);
 }

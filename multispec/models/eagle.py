@@ -174,22 +174,151 @@ class EagleHead(nn.Module):
 
 @dataclass
 class EagleCache:
-    """A head's cache: per entry its keys, values, output feature and position ([B, L, ...] each)."""
+    """A head's cache: per entry its key and value, output feature and position, in buffers with room past `length`
+    (entries from `length` on are free): keys [B, kv_heads, C, head_dim], values [B, kv_heads, C, head_dim + 1] (a
+    column of ones past the values: the layout `dpbf16.attend_tokens` reads), out [B, C, hidden], positions [B, C]."""
 
     keys: torch.Tensor
     values: torch.Tensor
     out: torch.Tensor
     positions: torch.Tensor
+    length: int = 0
     source: Any = None  # the target's `FeatureCache` (`EagleDraft.attach`)
 
     @property
-    def length(self) -> int:
-        return self.keys.shape[1]
+    def rows(self) -> int:
+        return self.keys.shape[0]
 
-    def index(self, f) -> None:
+    def reserve(self, needed: int, rows: int | None = None) -> None:
+        """Room for `needed` entries (capacity doubled) and, on an empty cache, `rows` rows."""
+        rows = rows or self.rows
+        if needed <= self.keys.shape[2] and rows == self.rows:
+            return
+        capacity = max(self.keys.shape[2], 64)
+        while capacity < needed:
+            capacity *= 2
+        n = self.length
+        old = (self.keys, self.values, self.out, self.positions)
+        k, v = old[0], old[1]
+        self.keys = k.new_zeros(rows, k.shape[1], capacity, k.shape[3])
+        self.values = v.new_ones(rows, v.shape[1], capacity, v.shape[3])
+        self.out = old[2].new_zeros(rows, capacity, old[2].shape[2])
+        self.positions = old[3].new_zeros(rows, capacity)
+        if n:
+            self.keys[:, :, :n], self.values[:, :, :n] = k[:, :, :n], v[:, :, :n]
+            self.out[:, :n], self.positions[:, :n] = old[2][:, :n], old[3][:, :n]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
         self.keys, self.values, self.out, self.positions = (
-            f(t) for t in (self.keys, self.values, self.out, self.positions)
+            t[rows] for t in (self.keys, self.values, self.out, self.positions)
         )
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep the entries `index` ([k], or [B, k] per row), in that order, as the first k."""
+        k = index.shape[-1]
+        for t, axis in ((self.keys, 2), (self.values, 2), (self.out, 1), (self.positions, 1)):
+            if index.dim() == 1:
+                t.narrow(axis, 0, k).copy_(t.index_select(axis, index))
+            else:
+                shape = [1] * t.dim()
+                shape[0], shape[axis] = index.shape[0], k
+                at = index.reshape(shape).expand(*t.shape[:axis], k, *t.shape[axis + 1 :])
+                t.narrow(axis, 0, k).copy_(t.gather(axis, at))
+        self.length = k
+
+
+class LeanHead:
+    """A head's layer in one call of our kernel (`dpbf16.head_layer`), as `hf/lean.py` runs a Llama's: where the head
+    is bfloat16 on a CPU our kernels run on, with every map of its layer on them (`linears.pack` chose them here). Its
+    eager layer is about forty small torch operators, which on a small CPU cost as much as its products. The numbers
+    are close to the eager layer's (the same roundings to bfloat16), not its bits: a draft's probabilities are
+    whatever it computes, so no rule depends on them."""
+
+    def __init__(self, head: EagleHead):
+        from . import linears
+
+        layer = head.layer
+        maps = [*(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo")]
+        maps += [getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down")]
+        packed = [linears.packed_weight(m) for m in maps]
+        self.weights = [
+            layer.input_layernorm.weight.detach(),
+            *packed[:4],
+            layer.post_attention_layernorm.weight.detach(),
+            *packed[4:],
+            layer.hidden_norm.weight.detach(),
+        ]
+        self.tiles = sum(1 << i for i, m in enumerate(maps) if linears.packed_kind(m) == linears.TILES)
+        self.heads, self.kv_heads, self.head_dim = layer.heads, layer.kv_heads, layer.head_dim
+        self.inter = layer.mlp.gate_proj.out_features
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+        self.scaling = self.head_dim**-0.5
+        self.normed_residual = layer.norm_before_residual
+        self.rotary = head.rotary
+
+    @staticmethod
+    def why_not(draft: EagleDraft) -> str | None:
+        """None where `draft`'s head can run here, else why not."""
+        from . import dpbf16, linears
+
+        layer = draft.head.layer
+        if draft.dtype != torch.bfloat16 or draft.device.type != "cpu":
+            return "not bfloat16 on a CPU"
+        if dpbf16.unavailable() is not None or not dpbf16.attends_tokens(layer.head_dim, layer.head_dim):
+            return "our attention kernel does not run here, or not on heads of this width"
+        if getattr(draft.head.cfg.layer, "hidden_act", "silu") != "silu":
+            return "not silu"
+        maps = [*layer.self_attn.children(), *layer.mlp.children()]
+        maps = [m for m in maps if isinstance(m, nn.Linear)]
+        if len(maps) != 7 or any(m.bias is not None for m in maps) or not draft.packed_linears:
+            return "biased maps, or maps not packed"
+        if any(linears.packed_kind(m) not in (linears.TILES, linears.DPBF16) for m in maps):
+            return "not every map of the layer runs on our kernels here"
+        return None
+
+    def step(self, cache: EagleCache, embeds, features, positions, mask) -> torch.Tensor:
+        """The layer over new tokens, their entries written into `cache` from its `length` on (which the caller moves).
+
+        Args:
+            embeds, features: [B, n, hidden] the tokens' embeddings and input features.
+            positions: [B, n]; mask: bool [B, n, length + n].
+
+        Returns:
+            The output features [B, n, hidden].
+        """
+        b, n, h = features.shape
+        t, at = b * n, cache.length
+        cos, sin = self.rotary(features.new_empty(1, dtype=torch.float32), positions)
+        rows = torch.arange(b).repeat_interleave(n)
+        slots = torch.arange(at, at + n).repeat(b)
+        additive = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask.cpu(), float("-inf"))
+        out = torch.ops.multispec_dpbf16.head_layer(
+            embeds.to(torch.bfloat16).reshape(t, h).contiguous(),
+            features.to(torch.bfloat16).reshape(t, h).contiguous(),
+            self.weights,
+            cache.keys,
+            cache.values,
+            cos.reshape(t, -1).contiguous(),
+            sin.reshape(t, -1).contiguous(),
+            rows,
+            slots,
+            additive.reshape(t, -1),
+            self.heads,
+            self.kv_heads,
+            self.inter,
+            self.eps,
+            self.scaling,
+            self.tiles,
+            self.normed_residual,
+        )
+        return out.view(b, n, h)
+
+    def logits(self, head: EagleHead, out: torch.Tensor) -> torch.Tensor:
+        """`head.logits_of(out)`, its norm in one call."""
+        b, n, h = out.shape
+        if not head.cfg.norm_output:
+            out = torch.ops.multispec_dpbf16.norm(out.reshape(b * n, h).contiguous(), head.norm.weight, self.eps)
+        return head.lm_head(out).view(b, n, -1)
 
 
 class EagleDraft(LanguageModel):
@@ -227,6 +356,7 @@ class EagleDraft(LanguageModel):
         # whether its linear maps run on packed weights (`linears.pack`: oneDNN's or our AMX tile kernel's, where
         # they ran faster here); None until the first forward decides
         self.packed_linears: bool | None = None
+        self._lean_head: LeanHead | str | None = None  # `_lean`: the one-call layer, or why not
 
     def with_head_rows(self, ids: torch.Tensor, draft_vocab: int | None = None) -> EagleDraft:
         """This head drafting only the target ids `ids` ([n]): its logits are those ids', in that order (-inf for an
@@ -253,9 +383,10 @@ class EagleDraft(LanguageModel):
 
     def new_cache(self) -> EagleCache:
         layer, d = self.head.layer, self.device
-        kv = torch.empty(1, 0, layer.kv_heads, layer.head_dim, dtype=self.dtype, device=d)
+        keys = torch.empty(1, layer.kv_heads, 0, layer.head_dim, dtype=self.dtype, device=d)
+        values = torch.empty(1, layer.kv_heads, 0, layer.head_dim + 1, dtype=self.dtype, device=d)
         out = torch.empty(1, 0, self.head.cfg.hidden, dtype=self.dtype, device=d)
-        return EagleCache(kv, kv.clone(), out, torch.empty(1, 0, dtype=torch.long, device=d))
+        return EagleCache(keys, values, out, torch.empty(1, 0, dtype=torch.long, device=d))
 
     def attach(self, cache: EagleCache, target_cache: Any) -> None:
         """Read the target's features from `target_cache` (a `FeatureCache` of the generation's target)."""
@@ -289,36 +420,55 @@ class EagleDraft(LanguageModel):
     def _forward(self, cache, tokens, positions, mask, logits_to_keep):
         b, n = tokens.shape
         past = cache.length
-        if cache.keys.shape[0] != b:
-            if past:
-                raise RuntimeError(f"{b} rows fed to a cache of {cache.keys.shape[0]} rows")
-            cache.index(lambda t: t.expand(b, *t.shape[1:]).contiguous())
+        if cache.rows != b and past:
+            raise RuntimeError(f"{b} rows fed to a cache of {cache.rows} rows")
+        cache.reserve(past + n, b)
         d = self.device
         tokens = tokens.to(d)
         positions = (torch.arange(past, past + n).expand(b, n) if positions is None else positions).to(d)
         if mask is None:  # causal: every cached entry and the new ones up to itself
             mask = torch.ones(n, past + n, dtype=torch.bool, device=d).tril(past).expand(b, n, past + n)
         mask = mask.to(d)
+        lean = self._lean()
         logits = []
         start = 0
         while start < n:  # a run whose parents' features are known, then the next (one run but in odd cases)
             run, features = self._features(cache, positions[:, start:], mask[:, start:])
             stop = start + run
-            step_mask = mask[:, start:stop, : cache.length + stop - start]
-            out, cut, k, v = self.head.step(
-                tokens[:, start:stop], features, positions[:, start:stop], cache.keys, cache.values, step_mask
-            )
-            cache.keys, cache.values = torch.cat([cache.keys, k], 1), torch.cat([cache.values, v], 1)
-            cache.out = torch.cat([cache.out, out], 1)
-            cache.positions = torch.cat([cache.positions, positions[:, start:stop]], 1)
+            at = cache.length
+            step_mask = mask[:, start:stop, : at + run]
+            if lean is not None:
+                out = lean.step(
+                    cache, self.head.embed(tokens[:, start:stop]), features, positions[:, start:stop], step_mask
+                )
+                cut = lean.logits(self.head, out)
+            else:
+                keys = cache.keys[:, :, :at].transpose(1, 2)
+                values = cache.values[:, :, :at, :-1].transpose(1, 2)
+                out, cut, k, v = self.head.step(
+                    tokens[:, start:stop], features, positions[:, start:stop], keys, values, step_mask
+                )
+                cache.keys[:, :, at : at + run] = k.transpose(1, 2)
+                cache.values[:, :, at : at + run, :-1] = v.transpose(1, 2)
+            cache.out[:, at : at + run] = out
+            cache.positions[:, at : at + run] = positions[:, start:stop]
+            cache.length = at + run
             logits.append(cut)
             start = stop
-        cut = torch.cat(logits, 1)
+        cut = torch.cat(logits, 1) if len(logits) > 1 else logits[0]
         if logits_to_keep:
             cut = cut[:, -logits_to_keep:]
         dtype = torch.promote_types(cut.dtype, torch.float32)
         wide = torch.full((b, cut.shape[1], self.columns), float("-inf"), dtype=dtype, device=d)
         return wide.index_copy_(-1, self.column_index, cut.to(dtype))
+
+    def _lean(self) -> LeanHead | None:
+        """The head's one-call layer (`LeanHead`) where its maps run on our kernels here, else None (decided after
+        the maps' packing, `_linears`)."""
+        if self._lean_head is None:
+            why = LeanHead.why_not(self)
+            self._lean_head = LeanHead(self.head) if why is None else why
+        return self._lean_head if isinstance(self._lean_head, LeanHead) else None
 
     def _features(self, cache: EagleCache, positions: torch.Tensor, mask: torch.Tensor):
         """The input features of the new tokens from the first: the target's after the previous position where it
@@ -331,7 +481,7 @@ class EagleDraft(LanguageModel):
         before = positions - 1  # [B, n]
         from_target = (before >= 0) & (before < have)
         # each token's parent among the entries it sees: cached ones (< past), or new ones (>= past)
-        keys = torch.cat([cache.positions, positions], 1)  # [B, past + n]
+        keys = torch.cat([cache.positions[:, :past], positions], 1)  # [B, past + n]
         is_parent = mask & (keys[:, None, :] == before[:, :, None])
         parent = is_parent.float().argmax(-1)  # [B, n]
         found = is_parent.any(-1)
@@ -352,25 +502,20 @@ class EagleDraft(LanguageModel):
             mapped = self.head.read_target(picked.to(self.device, self.dtype))
             features = torch.where(from_target[:, :stop, None], mapped, features)
         if bool(own[:, :stop].any()):
-            theirs = cache.out.gather(1, parent[:, :stop].clamp_max(max(past - 1, 0))[..., None].expand(-1, -1, h))
+            theirs = cache.out[:, :past].gather(
+                1, parent[:, :stop].clamp_max(max(past - 1, 0))[..., None].expand(-1, -1, h)
+            )
             features = torch.where(own[:, :stop, None], theirs, features)
         return stop, features
 
     def crop(self, cache, length: int) -> None:
-        cache.index(lambda t: t[:, :length])
+        cache.length = min(cache.length, length)
 
     def select_rows(self, cache, rows: torch.Tensor) -> None:
-        rows = rows.to(self.device)
-        cache.index(lambda t: t[rows])
+        cache.select_rows(rows.to(self.device))
 
     def keep_positions(self, cache, positions: torch.Tensor) -> None:
-        index = positions.to(self.device)
-        if index.dim() == 1:
-            cache.index(lambda t: t[:, index])
-        else:
-            cache.index(
-                lambda t: t.gather(1, index.reshape(*index.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
-            )
+        cache.keep(positions.to(self.device))
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         raise ValueError("encode with the target")

@@ -84,8 +84,9 @@ def test_the_head_reads_the_targets_features_of_exactly_the_committed_tokens(tar
     reference = draft.new_cache()
     draft.attach(reference, whole)
     draft.forward(reference, torch.tensor([tokens[:held]]))
-    assert torch.allclose(cache.keys, reference.keys, atol=1e-4)
-    assert torch.allclose(cache.out, reference.out, atol=1e-4)
+    assert reference.length == held  # (entries past a cache's length are free: stale drafts, or nothing)
+    assert torch.allclose(cache.keys[:, :, :held], reference.keys[:, :, :held], atol=1e-4)
+    assert torch.allclose(cache.out[:, :held], reference.out[:, :held], atol=1e-4)
 
 
 def test_draft_vocab_cuts_a_heads_output_rows(target):
@@ -326,3 +327,73 @@ def test_a_batch_invariant_target_returns_the_features_of_a_prompt_fed_with_draf
     assert cg.features.shape == cw.features.shape == (1, 6, 3 * 32)
     assert torch.allclose(cg.features, cw.features, atol=1e-4)
     assert any(stored.endswith("+features-0-2-3") for stored, _ in compiled.steps._packages)
+
+
+def dpbf16_unavailable() -> bool:
+    from multispec.models import dpbf16
+
+    return dpbf16.unavailable() is not None
+
+
+def _lean_and_eager_logits(target, lean, eager, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of two heads over one history: a prompt fed with the target's features, then three drafts on their
+    own features, the last two dropped and the first fed again with the target's (as a drafter does)."""
+    from multispec.models.features import FeatureTarget
+
+    ids = torch.randint(256, (1, 16), generator=torch.Generator().manual_seed(2))
+    wrapped = FeatureTarget(target, lean.feature_layers)
+    scored = wrapped.new_cache()
+    wrapped.forward(scored, ids[:, :12])
+    out = []
+    for draft in (lean, eager):
+        cache = draft.new_cache()
+        draft.attach(cache, scored)
+        logits = [draft.forward(cache, ids[:, :12])]
+        logits += [draft.forward(cache, ids[:, 12 + i : 13 + i]) for i in range(3)]
+        draft.crop(cache, 12)
+        logits.append(draft.forward(cache, ids[:, 12:13]))
+        out.append(torch.cat([x[0, :, draft.column_index].float() for x in logits]))
+    return out[0], out[1]
+
+
+@pytest.mark.skipif(dpbf16_unavailable(), reason="our kernel does not run here (AVX512-BF16)")
+def test_a_bfloat16_head_runs_its_layer_in_one_kernel_call_close_to_its_eager_layer(tmp_path, monkeypatch):
+    # where every map of a bfloat16 head's layer runs on our kernels (forced to win here, on the AMX tiles where
+    # they run, else the dot products), its layer is one C++ call (`LeanHead`): its logits are the eager layer's
+    # within bfloat16 rounding, over prompts, drafts on its own features and a cropped cache; one known-wrong
+    # layer (the raw feature as the residual instead of the normed one) is far off; greedy with it stays `ar`'s
+    from multispec.models import dpbf16, linears
+    from multispec.models.eagle import LeanHead
+    from tests.models.helpers import _bf16_llama
+
+    if not dpbf16.tiles_run():
+        monkeypatch.setenv(dpbf16.TILES_VARIABLE, "0")
+    monkeypatch.setenv("MULTISPEC_COST_FILE", str(tmp_path / "forward_cost.json"))
+    monkeypatch.setattr(linears, "_CHOICES", {})
+    monkeypatch.setattr(linears, "_TILES", {})
+    monkeypatch.setattr(linears, "GAIN", float("inf"))
+    target = _bf16_llama()
+    head = new_head(target, draft_ids=torch.arange(0, 256, 2), seed=2)
+    head.layer.hidden_norm.weight.data.uniform_(0.5, 1.5)  # (a residual of the raw feature must show)
+    lean, eager = EagleDraft(head, target), EagleDraft(head, target)
+    eager._lean_head = "turned off"
+    got, want = _lean_and_eager_logits(target, lean, eager, monkeypatch)
+    assert isinstance(lean._lean_head, LeanHead), lean._lean_head
+    close = float((got - want).abs().mean())
+    assert close < 0.02 * float(want.abs().mean()), close
+    with monkeypatch.context() as wrong_layer:
+        wrong_layer.setattr(LeanHead, "__init__", _wrong_residual(LeanHead.__init__))
+        got, _ = _lean_and_eager_logits(target, EagleDraft(head, target), eager, monkeypatch)
+    assert float((got - want).abs().mean()) > 10 * close
+    prompt = [5, 17, 3, 42, 8]
+    ar = generate(target, None, prompt, method="ar", max_new_tokens=16, temperature=0)
+    out = generate(target, lean, prompt, method="sd:gamma=3", max_new_tokens=16, temperature=0)
+    assert out.token_ids == ar.token_ids
+
+
+def _wrong_residual(init):
+    def wrong(self, head):
+        init(self, head)
+        self.normed_residual = not self.normed_residual
+
+    return wrong
