@@ -34,10 +34,16 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed", type=int, default=0, help="same seed, same output (an integer in [0, 2**63))")
 
 
+DRAFT_HELP = (
+    "hub id or path, a folder holding a feature-level head (EAGLE-3), or smollm2-135m-instruct-eagle (the head "
+    "shipped for the default target); default: the embedded pair's draft"
+)
+
+
 def _pair_args(p: argparse.ArgumentParser) -> None:
     """The model pair's options of serve and cost-curve."""
     p.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    p.add_argument("--draft", default=None, help=DRAFT_HELP)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--compile", action="store_true", help="compiled forwards now (see generate --compile)")
@@ -85,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="use the method and parameters of a plan file written by `multispec tune`",
     )
     g.add_argument("--target", default=None, help="hub id or path (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--draft", default=None, help="hub id or path (default: the embedded pair's draft)")
+    g.add_argument("--draft", default=None, help=DRAFT_HELP)
     g.add_argument("--max-new-tokens", type=int, default=128, help="at most this many new tokens")
     _sampling_args(g, 1.0)
     g.add_argument("--gamma", default=None, help="drafts per target call, or auto (sd)")

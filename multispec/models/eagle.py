@@ -208,11 +208,13 @@ class EagleCache:
             self.keys[:, :, :n], self.values[:, :, :n] = k[:, :, :n], v[:, :, :n]
             self.out[:, :n], self.positions[:, :n] = old[2][:, :n], old[3][:, :n]
 
+    @torch.inference_mode()  # (the buffers are made in a forward's inference mode; the engine commits outside it)
     def select_rows(self, rows: torch.Tensor) -> None:
         self.keys, self.values, self.out, self.positions = (
             t[rows] for t in (self.keys, self.values, self.out, self.positions)
         )
 
+    @torch.inference_mode()
     def keep(self, index: torch.Tensor) -> None:
         """Keep the entries `index` ([k], or [B, k] per row), in that order, as the first k."""
         k = index.shape[-1]
@@ -313,12 +315,13 @@ class LeanHead:
         )
         return out.view(b, n, h)
 
-    def logits(self, head: EagleHead, out: torch.Tensor) -> torch.Tensor:
-        """`head.logits_of(out)`, its norm in one call."""
-        b, n, h = out.shape
-        if not head.cfg.norm_output:
-            out = torch.ops.multispec_dpbf16.norm(out.reshape(b * n, h).contiguous(), head.norm.weight, self.eps)
-        return head.lm_head(out).view(b, n, -1)
+    def outputs(self, head: EagleHead, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `head.step` makes of the layer's output [B, n, hidden]: (the feature a child reads, the logits), the
+        norm in one call."""
+        b, n, h = hidden.shape
+        normed = torch.ops.multispec_dpbf16.norm(hidden.reshape(b * n, h).contiguous(), head.norm.weight, self.eps)
+        normed = normed.view(b, n, h)
+        return (normed if head.cfg.norm_output else hidden), head.lm_head(normed)
 
 
 class EagleDraft(LanguageModel):
@@ -438,10 +441,9 @@ class EagleDraft(LanguageModel):
             at = cache.length
             step_mask = mask[:, start:stop, : at + run]
             if lean is not None:
-                out = lean.step(
-                    cache, self.head.embed(tokens[:, start:stop]), features, positions[:, start:stop], step_mask
-                )
-                cut = lean.logits(self.head, out)
+                embeds = self.head.embed(tokens[:, start:stop])
+                hidden = lean.step(cache, embeds, features, positions[:, start:stop], step_mask)
+                out, cut = lean.outputs(self.head, hidden)
             else:
                 keys = cache.keys[:, :, :at].transpose(1, 2)
                 values = cache.values[:, :, :at, :-1].transpose(1, 2)
@@ -478,6 +480,14 @@ class EagleDraft(LanguageModel):
         past = cache.length
         target = self._target_features(cache)
         have = 0 if target is None else target.shape[1]
+        if b == n == 1 and target is not None:  # one token (a chain's step): as below, in fewer small calls
+            p = int(positions[0, 0]) - 1
+            if 0 <= p < have:
+                return 1, self.head.read_target(target[:1, p : p + 1].to(self.device, self.dtype))
+            seen = (cache.positions[0, :past] == p) & mask[0, 0, :past]  # its parent: the first such entry
+            if p >= 0 and bool(seen.any()):
+                first = int(seen.int().argmax())
+                return 1, cache.out[:, first : first + 1].clone()
         before = positions - 1  # [B, n]
         from_target = (before >= 0) & (before < have)
         # each token's parent among the entries it sees: cached ones (< past), or new ones (>= past)

@@ -283,6 +283,26 @@ def test_the_feature_cache_follows_every_cache_operation(target):
         FeatureTarget(EagleDraft(new_head(target), target), (0,))
 
 
+def test_the_heads_cache_follows_every_cache_operation(target):
+    # the head's entries sit in buffers past which its cache grows (`EagleCache`); the engine's cache operations,
+    # made outside inference mode as a commit makes them, keep exactly the entries they name, in that order
+    draft = EagleDraft(new_head(target, seed=8), target)
+    cache = draft.new_cache()
+    draft.forward(cache, torch.tensor([[4, 8, 15, 16, 23, 42]]))
+    keys, out, positions = cache.keys[:, :, :6].clone(), cache.out[:, :6].clone(), cache.positions[:, :6].clone()
+    assert cache.length == 6 and torch.equal(positions, torch.arange(6)[None])
+    draft.keep_positions(cache, torch.tensor([0, 1, 3]))
+    assert cache.length == 3 and torch.equal(cache.keys[:, :, :3], keys[:, :, [0, 1, 3]])
+    assert torch.equal(cache.out[:, :3], out[:, [0, 1, 3]]) and cache.positions[0, :3].tolist() == [0, 1, 3]
+    draft.crop(cache, 2)
+    draft.select_rows(cache, torch.tensor([0, 0]))
+    assert cache.rows == 2 and cache.length == 2 and torch.equal(cache.out[1, :2], out[0, :2])
+    draft.keep_positions(cache, torch.tensor([[1], [0]]))  # a position per row
+    assert torch.equal(cache.out[:, :1], torch.stack([out[:, 1], out[:, 0]]))
+    logits = draft.forward(cache, torch.tensor([[7], [7]]), positions=torch.tensor([[2], [1]]))
+    assert cache.length == 2 and logits.shape[:2] == (2, 1) and torch.isfinite(logits).any()
+
+
 @pytest.mark.slow  # compiles
 def test_a_compiled_target_returns_the_features_its_eager_steps_give(tmp_path, monkeypatch):
     # packaged compiled steps return the read layers' inputs beside the logits (no eager step, no second forward):
