@@ -14,7 +14,7 @@ from .decoding import get_method
 from .engine import Session
 from .likelihood import mean_logprob, perplexity
 from .models.base import LanguageModel
-from .models.default import DEFAULT_NAMES, DRAFT_NAME, HEAD_NAME, TARGET_NAME, load_default, load_head
+from .models.default import DEFAULT_NAMES, DRAFT_NAME, TARGET_NAME, load_default
 from .models.eagle import is_eagle, load_eagle
 from .models.hf import HFModel, background, default_dtype
 from .params import DEFAULT_METHOD, parse_method
@@ -121,8 +121,7 @@ def load_pair(
     Args:
         target: a default name (`DEFAULT_NAMES`), a hub id or a local path; None: the default target.
         draft: the same for the draft, or a folder holding a feature-level head (EAGLE-3, `multispec distill
-            --kind eagle` or the speculators layout vLLM and SGLang read: `models.eagle`), or the name of the
-            head shipped for the default target (`HEAD_NAME`); None: the default draft
+            --kind eagle` or the speculators layout vLLM and SGLang read: `models.eagle`); None: the default draft
             with the default target, else no draft (use `ar`, `beam` or a copying drafter, or pass one).
         device: a torch device ("cpu", "cuda", "cuda:1"); None: the CPU.
         dtype: "float32", "bfloat16" or "float16", for both; None: bfloat16 where the hardware has fast
@@ -145,8 +144,6 @@ def load_pair(
     target_model = load_model(target, device, dtype=dtype, device_map=device_map, compile=compile)
     if draft is None and target not in (None, TARGET_NAME):
         draft_model = None
-    elif draft == HEAD_NAME:  # the shipped head for the default target
-        draft_model = load_head(target_model)
     elif draft is not None and is_eagle(draft):  # a feature-level head: drafts from the target's hidden states
         draft_model = load_eagle(draft, target_model)
     else:

