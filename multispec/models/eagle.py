@@ -238,10 +238,10 @@ class LeanHead:
 
     def __init__(self, head: EagleHead):
         from . import linears
+        from .hf.lean import layer_maps
 
         layer = head.layer
-        maps = [*(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo")]
-        maps += [getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down")]
+        maps = layer_maps(layer)
         packed = [linears.packed_weight(m) for m in maps]
         self.weights = [
             layer.input_layernorm.weight.detach(),

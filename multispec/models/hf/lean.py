@@ -25,8 +25,9 @@ from .. import linears
 FAMILIES = ("LlamaForCausalLM",)  # the decoder layer `llama_layer` computes
 
 
-def _maps(layer) -> list[torch.nn.Module]:
-    """A decoder layer's seven linear maps in the order `dpbf16.llama_layer` takes them: q, k, v, o, gate, up, down."""
+def layer_maps(layer) -> list[torch.nn.Module]:
+    """A decoder layer's seven linear maps in the order `dpbf16.llama_layer` (and `head_layer`) takes them: q, k, v, o,
+    gate, up, down."""
     return [
         *(getattr(layer.self_attn, f"{p}_proj") for p in "qkvo"),
         *(getattr(layer.mlp, f"{p}_proj") for p in ("gate", "up", "down")),
@@ -46,7 +47,7 @@ class LeanLlama:
         self.layers = model.model.layers
         self.weights, self.tiles = [], []
         for layer in self.layers:
-            maps = _maps(layer)
+            maps = layer_maps(layer)
             packed = [linears.packed_weight(m) for m in maps]
             self.weights.append(
                 [
@@ -56,7 +57,7 @@ class LeanLlama:
                     *packed[4:],
                 ]
             )
-            # the maps on the tile kernel (bit i: the i-th of `_maps`); the others run on the dot-product one
+            # the maps on the tile kernel (bit i: the i-th of `layer_maps`); the others run on the dot-product one
             # (`why_not`: every map on one of the two, each summing a row in one order)
             self.tiles.append(sum(1 << i for i, m in enumerate(maps) if linears.packed_kind(m) == linears.TILES))
         self.scaling = [float(layer.self_attn.scaling) for layer in self.layers]
