@@ -275,7 +275,7 @@ def generate(
             spec.run(session, **params)
     seconds = time.perf_counter() - t0
     seconds_after, compiles_after, captures_after = _compiling(target, draft)
-    stats = _stats(
+    stats = session_stats(
         session,
         seconds,
         seconds_after - seconds_before,
@@ -347,7 +347,7 @@ def _compiling(*models) -> tuple[float, int, int]:
     )
 
 
-def _stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> Stats:
+def session_stats(s: Session, wall: float, one_time: float = 0.0, compiles: int = 0, captures: int = 0) -> Stats:
     """The call's `Stats` (see there for what each figure means)."""
     new = len(s.new_tokens)
     c = s.counters

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .lockstep import Lockstep, batchable, runs_in_lockstep
 from .machine import one_thread_here
 from .models.base import LanguageModel
 from .models.static import RowKV
@@ -358,20 +359,20 @@ class Batcher:
         # feature-level draft (`models.eagle`) keeps a cache per sequence beside a batched target, and its rows'
         # forwards run one after another (it reads its target's hidden states from the batched forwards)
         head = getattr(draft, "reads_target_features", False)
-        self.batched = all(_batchable(m) or (role == "draft" and head) for role, m in given.items())
+        self.batched = all(batchable(m) or (role == "draft" and head) for role, m in given.items())
         self.rows, self.capacity = rows, capacity
         # the row's entries: a prompt and output up to `capacity`, plus a step's padding past them
         self.caches = (
             {
                 role: model.new_batch_cache(rows, capacity + PROMPT_TOKENS + 64)
                 for role, model in given.items()
-                if _batchable(model)
+                if batchable(model)
             }
             if self.batched
             else {}
         )
         for model in given.values():  # measured once per machine (about a second): not in the first request's time
-            if _batchable(model):
+            if batchable(model):
                 _ = model.batch_rows
         self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
         self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
@@ -860,7 +861,7 @@ def generate_batch(
     ids = [_prompt_ids(target, prompt, chat) for prompt in prompts]
     method = method or DEFAULT_METHOD
     name, given = parse_method(method)
-    validate_request(  # once, before any thread starts
+    _, params, sampling = validate_request(  # once, before any thread starts
         name,
         kwargs.get("max_new_tokens", 128),
         kwargs.get("temperature", 1.0),
@@ -871,6 +872,25 @@ def generate_batch(
     )
     rows = min(len(ids), rows or MAX_BATCH)
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + (iteration_entries(name, given, kwargs) or 0)
+    gamma = runs_in_lockstep(target, draft, name, params, sampling)
+    if gamma is not None:  # chains of the draft model, the work besides forwards for all rows at once
+        from .api import check_compatible
+        from .models.hf import background
+
+        if gamma:
+            check_compatible(target, draft)
+        seeds = [seed + i if seed is not None else int(torch.seed() % 2**63) for i in range(len(ids))]
+        batch = Lockstep(target, draft, gamma, sampling, rows, capacity)
+        with background.paused():  # no background compile beside decoding
+            return batch.run(
+                ids,
+                kwargs.get("max_new_tokens", 128),
+                seeds,
+                on_result,
+                kwargs.get("on_tokens"),
+                kwargs.get("cancel"),
+                kwargs.get("score", True),
+            )
     # the forwards run on this thread (the main one, usually: `Batcher.drive`), the rows' logic on a pool
     batcher = Batcher(target, draft, rows=rows, capacity=capacity, scheduler=False)
     left = [len(ids)]
@@ -919,8 +939,3 @@ def iteration_entries(method: str, given: dict, kwargs: dict) -> int | None:
     params.update(given)
     params.update({k: v for k, v in kwargs.items() if k in spec.params})
     return spec.row_entries(params)
-
-
-def _batchable(model) -> bool:
-    """Whether `model` decodes sequences in one batched forward (a static cache and `forward_rows`)."""
-    return getattr(model, "static", False) and hasattr(model, "forward_rows")

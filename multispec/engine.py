@@ -87,6 +87,24 @@ class Entries:
         return cls(tokens, depth, sees)
 
 
+@dataclass
+class Step:
+    """One runner's forward, as `ModelRunner.step` makes it: B cache rows, n tokens each.
+
+    tokens: [B, n] the uncached committed tokens, then the new entries; positions: [B, n]; mask: [B, n, held + n]
+    bool or None (causal); keep: logits kept, the last `keep` per row; fused: a prompt's first tokens, fed into
+    an empty cache (`LanguageModel.forward`'s `fused_prefix`); length: the committed tokens once it has run;
+    entries: the new entries (None: none)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    keep: int
+    fused: int
+    length: int
+    entries: Entries | None
+
+
 class ModelRunner:
     """One model's KV cache, in `rows` cache rows (one per hypothesis), and what it holds: `committed` tokens of
     every row, then `tentative` entries (proposed nodes not yet verified). `feed` scores new tokens in one
@@ -115,12 +133,6 @@ class ModelRunner:
         # depths and visibility are its own
         self._tree: TokenTree | None = None
 
-    def _timed(self, t0: float) -> None:
-        self.seconds += time.perf_counter() - t0
-        compiled = getattr(self.model, "compile_seconds", 0.0)
-        self.one_time += compiled - self._compiled_seen
-        self._compiled_seen = compiled
-
     def feed(self, rows: list[list[int]], entries: Entries | None = None) -> torch.Tensor:
         """One forward over every cache row: row b's uncached committed tokens (rows[b] is its committed
         sequence; all of one length), then its new `entries`.
@@ -128,6 +140,27 @@ class ModelRunner:
         Returns logits [B, k + S, V]: when committed tokens were pending (k = 1), the distribution after each
         row's last committed token, then one row per entry.
         """
+        step = self.step(rows, entries)
+        t0 = time.perf_counter()
+        logits = self.model.forward(
+            self.cache,
+            step.tokens,
+            step.positions,
+            step.mask,
+            logits_to_keep=step.keep,
+            fused_prefix=step.fused,
+            batch_invariant=self.batch_invariant,
+        )
+        if getattr(self.model.device, "type", None) == "cuda":
+            # a GPU forward returns before its kernels finish: without this, the wait would be counted in
+            # whatever reads the logits first (the rule's time), not in the forward's
+            torch.cuda.synchronize(self.model.device)
+        self.ran(step, time.perf_counter() - t0)
+        return logits
+
+    def step(self, rows: list[list[int]], entries: Entries | None = None) -> Step:
+        """What `feed(rows, entries)` hands the model's forward, checked, without running it: a batch of many
+        sequences (`multispec.lockstep`) runs many runners' steps in one forward, then tells each (`ran`)."""
         if len(rows) != self.rows:
             raise RuntimeError(f"{len(rows)} hypotheses fed to a cache of {self.rows} rows")
         length = len(rows[0])
@@ -168,31 +201,31 @@ class ModelRunner:
         mask = None if not s or entries.is_chain else _mask(n_pending, self.committed, entries.sees)
         # one-time work done outside forwards (a kernel decided when a cost curve was looked up) is not this one's
         self._compiled_seen = getattr(self.model, "compile_seconds", 0.0)
-        t0, before = time.perf_counter(), (self.seconds, self.one_time)
-        logits = self.model.forward(
-            self.cache,
+        return Step(
             tokens,
             positions.to(device),
             None if mask is None else mask.to(device),
-            logits_to_keep=s + (1 if n_pending else 0),
             # a prompt but its last token: logits not kept, and fed alike by every method
-            fused_prefix=n_pending - 1 if self.committed == 0 else 0,
-            batch_invariant=self.batch_invariant,
+            keep=s + (1 if n_pending else 0),
+            fused=n_pending - 1 if self.committed == 0 else 0,
+            length=length,
+            entries=entries,
         )
-        if getattr(device, "type", None) == "cuda":
-            # a GPU forward returns before its kernels finish: without this, the wait would be counted in
-            # whatever reads the logits first (the rule's time), not in the forward's
-            torch.cuda.synchronize(device)
-        self._timed(t0)
+
+    def ran(self, step: Step, seconds: float) -> None:
+        """Account for `step` run in a forward of `seconds`: the cache now holds its tokens."""
+        self.seconds += seconds
+        compiled = getattr(self.model, "compile_seconds", 0.0)
+        self.one_time += compiled - self._compiled_seen
         if self.committed == 0:
-            self.prefill += (self.seconds - before[0]) - (self.one_time - before[1])
+            self.prefill += seconds - (compiled - self._compiled_seen)
+        self._compiled_seen = compiled
         self.calls += 1
-        self.fed[tokens.numel()] += 1
-        self.committed = length
-        if s:
-            self._record(entries)
-        self.tentative += s
-        return logits
+        self.fed[step.tokens.numel()] += 1
+        self.committed = step.length
+        if step.entries is not None and step.entries.tokens.shape[1]:
+            self._record(step.entries)
+            self.tentative += step.entries.tokens.shape[1]
 
     def _record(self, entries: Entries) -> None:
         """Extend the tentative entries' depths and visibility with `entries` (fed, not yet counted)."""

@@ -153,20 +153,40 @@ def categorical(
     `samples`: that many i.i.d. draws per row instead, [..., samples] (`multinomial(..., replacement=True)`'s
     law; torch draws one random number per entry when it is asked for one sample)."""
     rows = probs.reshape(-1, probs.shape[-1])
+    uniforms = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device, dtype=torch.float64)
+    index = _draw_at(rows, uniforms)
+    return index.reshape(probs.shape[:-1]) if samples is None else index.reshape(*probs.shape[:-1], samples)
+
+
+def categorical_each(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One draw per row of `probs` [B, V] (weights), row b's from `generators[b]`: for each row, the token
+    `categorical(probs[b], generators[b])` draws, from the same uniform, the rows inverted together.
+
+    Returns: [B] token ids."""
+    if len(generators) != probs.shape[0]:
+        raise ValueError(f"{len(generators)} generators for {probs.shape[0]} rows")
+    # one float64 uniform per row from its own stream (what `categorical` draws for one row): each row's draw
+    # depends on its own generator only, so a row's tokens do not depend on which rows it is drawn with
+    uniforms = torch.cat(
+        [torch.rand(1, 1, generator=g, device=probs.device, dtype=torch.float64) for g in generators]
+    )
+    return _draw_at(probs, uniforms).reshape(-1)
+
+
+def _draw_at(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The tokens at `uniforms` [n, s] of the cumulative weights of `rows` [n, V]: [n, s]."""
     cdf = rows.double().cumsum(-1)  # float64: the law is not bent by rounding over a large vocabulary
     # (few, plain tensor calls: on a CPU each costs microseconds, more than the arithmetic on small rows)
     total = cdf.narrow(-1, rows.shape[-1] - 1, 1)
     if not all(math.isfinite(t) and t > 0 for t in total.view(-1).tolist()):
         raise ValueError("cannot draw from weights that are not finite or sum to zero")
-    point = torch.rand(rows.shape[0], samples or 1, generator=generator, device=probs.device, dtype=torch.float64).mul_(
-        total
-    )
+    point = uniforms.mul_(total)
     # right=True: the first token whose cumulative weight exceeds the point, which has weight > 0
     index = torch.searchsorted(cdf, point, right=True).clamp_max_(rows.shape[-1] - 1)
     if not bool(rows.gather(-1, index).gt(0).all()):  # u * total rounded up to the total: take the last token
         last = rows.shape[-1] - 1 - (rows > 0).flip(-1).int().argmax(-1, keepdim=True)
         index = torch.where(rows.gather(-1, index) > 0, index, last)
-    return index.reshape(probs.shape[:-1]) if samples is None else index.reshape(*probs.shape[:-1], samples)
+    return index
 
 
 # Draws without replacement from at most this many CPU float rows run in numpy (`_sequential_numpy`): the same

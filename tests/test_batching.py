@@ -472,7 +472,8 @@ def test_rows_sharing_one_random_stream_fail_the_law(monkeypatch):
         return original(self, prompt, method, **kwargs)
 
     monkeypatch.setattr(Batcher, "generate", shared)
-    report = check_method("sd", runs=2000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2)
+    # (the copying drafter keeps `sd` in the threaded batch: a chain of the draft model runs in lockstep)
+    report = check_method("sd", runs=2000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2, drafter="hybrid")
     assert not report.passed, report.pairs
 
 

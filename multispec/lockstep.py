@@ -1,0 +1,388 @@
+"""Lockstep batches: `ar` and `sd` chains for many sequences at once, the work besides forwards done for all rows
+together, with tensor operations.
+
+Each iteration, over the rows that decode (B rows, a chain of at most G drafts each):
+
+propose: the draft steps every row's chain at once: one batched forward per draft position; the drafts of all rows
+         come from one warp of their logits [B, V] and one inverse-CDF at per-row uniforms;
+score:   one target forward over every row's pending tokens and drafts (`HFModel.forward_rows`, packed);
+verify:  the chain rule for every row at once: ratio tests [B, G], accepted prefixes by a cumulative product,
+         the residual or bonus rows [B, V] drawn together;
+commit:  per row, its output, counters and caches (`Session.commit`); rows that ended leave, waiting prompts join.
+
+Glossary: `depth` [B], each row's drafts this iteration (0: a plain target step); `drafts` [B, G] (padded with 0);
+`draft_rows` [B, G, V], the draft's warped rows the drafts were drawn from; `target_rows` [B, G + 1, V], the
+target's after the pending token and after each draft; `accepted` [B], each row's accepted drafts.
+
+Why a row's output is the one `generate` gives it alone: row b reads only its own logits, its own draft rows and its
+own random stream; each draw takes from row b's generator what `generate` takes for it alone, in the same order (its
+drafts' uniforms, then its ratio tests', then the residual's or bonus token's), and the batched forwards give a
+row the bits it gets alone (`HFModel.forward_rows`). A joining prompt, but its last token, is fed in chunks of
+`PREFILL_CHUNK` tokens at fixed offsets beside the decoding rows, at most `PREFILL_TOKENS` in one forward, so the
+decoding rows wait for a chunk, not a whole prompt.
+
+Models without batched forwards (the exact test models) run the same loop with one forward per row, so the checker
+runs on it. `generate_batch` takes this path for `ar` and for `sd` with the draft model and a fixed chain; other
+methods run in `multispec.batching`'s threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine import Entries, ModelRunner, Session, Step
+from .models.base import LanguageModel
+from .models.static import RowKV
+from .verify import Verdict
+from .verify.chain import RESIDUAL_EPS
+from .warp import Sampling, argmax, categorical_each
+
+PREFILL_CHUNK = 64
+PREFILL_TOKENS = 256
+
+
+def batchable(model) -> bool:
+    """Whether `model` decodes sequences in one batched forward (a static cache and `forward_rows`)."""
+    return getattr(model, "static", False) and hasattr(model, "forward_rows")
+
+
+class OnRow(LanguageModel):
+    """A model seen through one row of a batch cache: `new_cache` is that row (`static.RowKV`); the rest is the
+    model's. Its forwards are not run through it: the batch runs every row's in one (`forward_rows`)."""
+
+    def __init__(self, model, cache: RowKV):
+        self._model, self._cache = model, cache
+        for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
+            setattr(self, name, getattr(model, name))
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    @property
+    def stop_tokens(self) -> frozenset[int]:
+        return self._model.stop_tokens
+
+    def prepare(self) -> None:
+        return None  # a batch's steps run eagerly: nothing to settle
+
+    def new_cache(self):
+        return self._cache
+
+    def forward(self, cache, *args, **kwargs):  # a forward of this row alone (scoring an output once it ended)
+        return self._model.forward(cache, *args, **kwargs)
+
+    def score_cache(self):
+        """The cache `likelihood.mean_logprob` scores the ended output in: the row's, emptied."""
+        self._model.crop(self._cache, 0)
+        return self._cache
+
+    def crop(self, cache, length: int) -> None:
+        self._model.crop(cache, length)
+
+    def select_rows(self, cache, rows: torch.Tensor) -> None:
+        self._model.select_rows(cache, rows)
+
+    def keep_positions(self, cache, positions: torch.Tensor) -> None:
+        self._model.keep_positions(cache, positions)
+
+    def decode(self, ids: list[int]) -> str | None:
+        return self._model.decode(ids)
+
+
+@dataclass
+class _Row:
+    """One sequence of the batch: its prompt's index, its batch row and its session."""
+
+    index: int
+    slot: int
+    session: Session
+    started: float
+    fed: int = 0  # prompt tokens fed so far (all but the last are fed before it decodes)
+    shared: dict = field(default_factory=lambda: {"target": 0.0, "draft": 0.0})  # its share of the forwards
+
+    @property
+    def prefilling(self) -> bool:
+        return self.fed < self.session.prompt_length - 1
+
+
+class Lockstep:
+    """A lockstep batch of one model pair (see the module note).
+
+    Args:
+        target, draft: the models (draft None for `ar`).
+        gamma: drafts per target call (0: `ar`).
+        sampling: the warp every row samples with.
+        rows: sequences decoded at once.
+        capacity: entries a row holds (prompt, output and one iteration's drafts).
+    """
+
+    def __init__(self, target, draft, gamma: int, sampling: Sampling, rows: int, capacity: int):
+        if gamma and draft is None:
+            raise ValueError("a chain needs a draft model")
+        self.models = {"target": target, "draft": draft if gamma else None}
+        self.gamma, self.sampling, self.rows, self.capacity = gamma, sampling, rows, capacity
+        given = {role: m for role, m in self.models.items() if m is not None}
+        self.caches = (
+            {role: m.new_batch_cache(rows, capacity + PREFILL_CHUNK + 64) for role, m in given.items()}
+            if all(batchable(m) for m in given.values())
+            else {}
+        )
+        self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "prefill_chunks": 0, "prefill_tokens": 0}
+        self.stats["other_seconds"] = 0.0  # between forwards: drawing, verifying, committing, joining
+
+    def run(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        seeds: list[int],
+        on_result: Callable[[int, object], None] | None = None,
+        on_tokens: Callable[[list[int]], bool | None] | None = None,
+        cancel=None,
+        score: bool = False,
+    ) -> list:
+        """Decode every prompt (prompt i with seed `seeds[i]`): one `Result` per prompt, in order. `on_result(i,
+        result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes them, for every row."""
+        from .api import session_stats
+        from .likelihood import mean_logprob, perplexity
+        from .result import Result
+
+        waiting, free = deque(range(len(prompts))), list(range(self.rows))
+        active: list[_Row] = []
+        results: list = [None] * len(prompts)
+        while waiting or active:
+            while waiting and free:
+                active.append(
+                    self._join(waiting.popleft(), free.pop(0), prompts, max_new_tokens, seeds, on_tokens, cancel)
+                )
+            t0 = time.perf_counter()
+            forwards = self.stats["seconds"]
+            self._iteration(active)
+            self.stats["other_seconds"] += time.perf_counter() - t0 - (self.stats["seconds"] - forwards)
+            for row in [r for r in active if r.session.done]:
+                active.remove(row)
+                s = row.session
+                stats = session_stats(s, time.perf_counter() - row.started)
+                stats["queue_seconds"] = 0.0
+                stats["batch_target_share_seconds"] = row.shared["target"]
+                stats["batch_draft_share_seconds"] = row.shared["draft"]
+                stats["batch_waiting_seconds"] = 0.0
+                stats["fallbacks"] = []
+                if score:  # (before the row is given to the next prompt: it scores in the row's cache)
+                    stats["mean_logprob"] = mean_logprob(s.target_model, s.tokens[: s.prompt_length], s.new_tokens)
+                    stats["perplexity"] = perplexity([stats["mean_logprob"]])
+                target = self.models["target"]
+                results[row.index] = Result(
+                    s.new_tokens, target.decode(s.new_tokens), stats, s.tokens[: s.prompt_length]
+                )
+                self._leave(row.slot)
+                free.append(row.slot)
+                free.sort()  # the lowest first: the batched forwards span rows 0 .. highest active
+                if on_result is not None:
+                    on_result(row.index, results[row.index])
+        return results
+
+    # -- rows joining and leaving ----------------------------------------------------------------------------------
+    def _join(self, index, slot, prompts, max_new_tokens, seeds, on_tokens, cancel) -> _Row:
+        on = {}
+        for role, model in self.models.items():
+            if model is None:
+                on[role] = None
+            elif self.caches:
+                cache = RowKV(self.caches[role], slot)
+                cache.capacity = self.capacity  # the rest of the batch cache's room is for a step's padding
+                on[role] = OnRow(model, cache)
+            else:
+                on[role] = model  # a cache of its own, fed one row at a time
+        generator = torch.Generator(device=self.models["target"].device)
+        generator.manual_seed(seeds[index])
+        s = Session(
+            on["target"], on["draft"], list(prompts[index]), self.sampling, max_new_tokens, generator, on_tokens, cancel
+        )
+        if on["draft"] is not None:
+            s.draft_runner()
+        return _Row(index, slot, s, time.perf_counter())
+
+    def _leave(self, slot: int) -> None:
+        for cache in self.caches.values():
+            view = getattr(cache, "views", {}).pop(slot, None)
+            if view is not None:
+                view.length = 0
+
+    # -- one iteration -----------------------------------------------------------------------------------------------
+    def _iteration(self, active: list[_Row]) -> None:
+        chunks = self._chunks([r for r in active if r.prefilling and not r.session.done])
+        rows = [r for r in active if not r.prefilling and not r.session.done]
+        depth = [max(0, r.session.draft_depth(self.gamma)) if self.gamma else 0 for r in rows]
+        drafts, draft_rows = self._propose(rows, depth, chunks)
+        # score: every decoding row's pending tokens and drafts, and the prompts' chunks, in one target forward
+        steps = []
+        for r, d in zip(rows, depth, strict=True):
+            entries = Entries.chain(drafts[len(steps), :d]) if d else None
+            steps.append((r, r.session.target, r.session.target.step([r.session.tokens], entries)))
+        logits = self._forward("target", steps + [(r, r.session.target, step) for r, step, _ in chunks["target"]])
+        for r, _, end in chunks["target"]:
+            r.fed = end
+        if rows:
+            self._verify_and_commit(rows, depth, drafts, draft_rows, logits[: len(rows)])
+
+    def _chunks(self, prefilling: list[_Row]) -> dict[str, list[tuple[_Row, Step, int]]]:
+        """The next chunk of each joining prompt (all but its last token), per model: (row, step, end)."""
+        out: dict[str, list] = {role: [] for role in self.models}
+        budget = PREFILL_TOKENS
+        for r in prefilling:
+            start = r.fed
+            end = min(r.session.prompt_length - 1, (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
+            if end - start > budget and out["target"]:
+                break
+            budget -= end - start
+            part = r.session.tokens[:end]
+            out["target"].append((r, r.session.target.step([part]), end))
+            if self.models["draft"] is not None:
+                out["draft"].append((r, r.session.draft, r.session.draft.step([part])))
+            self.stats["prefill_chunks"] += 1
+            self.stats["prefill_tokens"] += end - start
+        return out
+
+    def _forward(self, role: str, steps: list[tuple[_Row, ModelRunner, Step]]) -> list[torch.Tensor]:
+        """One forward of a model over the rows' steps: each row's kept logits [keep, V], in order."""
+        if not steps:
+            return []
+        model = self.models[role]
+        t0 = time.perf_counter()
+        if self.caches:
+            feeds = [
+                (r.slot, runner.cache, step.tokens[0], step.positions[0], None, step.keep, step.fused)
+                for r, runner, step in steps
+            ]
+            out = model.forward_rows(self.caches[role], feeds)
+        else:  # models without batched forwards: one forward per row, the rest of the loop as in a batch
+            out = [
+                model.forward(
+                    runner.cache,
+                    step.tokens,
+                    step.positions,
+                    step.mask,
+                    logits_to_keep=step.keep,
+                    fused_prefix=step.fused,
+                    batch_invariant=runner.batch_invariant,
+                )[0]
+                for _, runner, step in steps
+            ]
+        seconds = time.perf_counter() - t0
+        tokens = sum(step.tokens.shape[-1] for _, _, step in steps)
+        for r, runner, step in steps:
+            runner.ran(step, seconds)
+            r.shared[role] += seconds * step.tokens.shape[-1] / tokens
+        self.stats["forwards"] += 1
+        self.stats["rows"] += len(steps)
+        self.stats["seconds"] += seconds
+        return out
+
+    def _propose(self, rows: list[_Row], depth: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every row's chain of `depth[b]` drafts, one draft forward per position (the prompts' chunks ride in the
+        first). Returns drafts [B, G] and, when sampling, the draft rows [B, G, V] they were drawn from."""
+        width = max(depth, default=0)
+        drafts = torch.zeros(len(rows), width, dtype=torch.long)
+        draft_rows = None
+        drafting = [b for b, d in enumerate(depth) if d > 0]
+        steps = [
+            (rows[b], rows[b].session.draft, rows[b].session.draft.step([rows[b].session.tokens])) for b in drafting
+        ]
+        logits = self._forward("draft", steps + chunks["draft"])[: len(steps)]
+        last = torch.stack([x[-1] for x in logits]) if logits else None
+        for i in range(width):
+            live = [j for j, b in enumerate(drafting) if depth[b] > i]  # indices into `drafting` still drafting
+            at = last[live] if len(live) < last.shape[0] else last
+            if self.sampling.greedy:  # one-hot rows: the verdict reads the target's argmax alone
+                tokens = argmax(at)
+            else:
+                probs = self.sampling.probs(at)
+                tokens = categorical_each(probs, [rows[drafting[j]].session.generator for j in live])
+                if draft_rows is None:
+                    draft_rows = torch.zeros(len(rows), width, probs.shape[-1], dtype=probs.dtype)
+                draft_rows[[drafting[j] for j in live], i] = probs
+            drafts[[drafting[j] for j in live], i] = tokens
+            feeding = [(j, k) for k, j in enumerate(live) if depth[drafting[j]] > i + 1]  # the last is never fed
+            if not feeding:
+                continue
+            steps = []
+            for j, k in feeding:
+                r = rows[drafting[j]]
+                steps.append(
+                    (r, r.session.draft, r.session.draft.step([r.session.tokens], Entries.chain(tokens[k : k + 1])))
+                )
+            out = self._forward("draft", steps)
+            last = last.clone()
+            last[[j for j, _ in feeding]] = torch.stack([x[-1] for x in out])
+        return drafts, draft_rows
+
+    def _verify_and_commit(self, rows, depth, drafts, draft_rows, logits) -> None:
+        """The chain rule for every row at once (`verify.chain.speculative_verify`, row by row the same draws),
+        then each row's commit."""
+        n, width = len(rows), drafts.shape[1]
+        g = torch.tensor(depth)
+        positions = torch.arange(width)
+        vocab = logits[0].shape[-1]
+        target_logits = logits[0].new_zeros(n, width + 1, vocab)
+        for b, x in enumerate(logits):  # (rows with fewer drafts are padded; their padding is never read)
+            target_logits[b, : x.shape[0]] = x
+        if self.sampling.greedy:
+            best = argmax(target_logits)  # [B, G + 1]
+            passed = (drafts == best[:, :width]) & (positions < g[:, None])
+            accepted = passed.int().cumprod(1).sum(1)
+            nxt = best.gather(1, accepted[:, None])[:, 0]
+        else:
+            target_rows = self.sampling.probs(target_logits)  # [B, G + 1, V]
+            generators = [r.session.generator for r in rows]
+            if width:
+                # each row's g uniforms, as `speculative_verify` draws them (none for a row without drafts)
+                uniforms = torch.ones(n, width, dtype=target_rows.dtype)
+                for b, d in enumerate(depth):
+                    if d:
+                        uniforms[b, :d] = torch.rand(d, generator=generators[b], dtype=target_rows.dtype)
+                on_target = target_rows[:, :width].gather(-1, drafts[..., None])[..., 0]
+                on_draft = draft_rows.gather(-1, drafts[..., None])[..., 0]
+                passed = (uniforms * on_draft < on_target) & (positions < g[:, None])
+                accepted = passed.int().cumprod(1).sum(1)
+            else:
+                accepted = torch.zeros(n, dtype=torch.long)
+            every = torch.arange(n)
+            at = target_rows[every, accepted]  # [B, V]: the target after the accepted drafts
+            rejected = accepted < g
+            if bool(rejected.any()):
+                residual = (at - draft_rows[every, accepted.clamp_max(width - 1)]).clamp_min(0)
+                mass = residual.sum(-1)
+                at = torch.where((rejected & (mass > RESIDUAL_EPS))[:, None], residual, at)
+            nxt = categorical_each(at, generators)
+        for b, r in enumerate(rows):
+            s, d, k = r.session, depth[b], int(accepted[b])
+            if d == 0:
+                s.commit(Verdict.token(int(nxt[b])))
+                continue
+            context = len(s.tokens)
+            verdict = Verdict(tuple(range(k)), tuple(drafts[b, :k].tolist()), int(nxt[b]), k < d)
+            s.commit(verdict, drafted=d)
+            # the draft keeps the accepted drafts it was fed (all but the last draft were)
+            s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
+
+
+def runs_in_lockstep(target, draft, method: str, params: dict, sampling: Sampling) -> int | None:
+    """The chain length (0 for `ar`) when `method` with `params` runs in a lockstep batch, else None: `ar`, and
+    `sd` with the draft model, a fixed `gamma`, a bonus token, no confidence stop and the whole draft vocabulary,
+    on models that batch alike (both with batched forwards, or neither)."""
+    models = [m for m in (target, draft if method == "sd" else None) if m is not None]
+    if len({batchable(m) for m in models}) != 1 or getattr(draft, "reads_target_features", False) and method == "sd":
+        return None
+    if method == "ar":
+        return 0
+    if method != "sd" or draft is None:
+        return None
+    plain = {"drafter": "model", "bonus": True, "confidence": 0.0, "draft_vocab": None}
+    if any(params.get(k, v) != v for k, v in plain.items()) or not isinstance(params.get("gamma"), int):
+        return None
+    return params["gamma"]
