@@ -167,9 +167,7 @@ def categorical_each(probs: torch.Tensor, generators: list[torch.Generator]) -> 
         raise ValueError(f"{len(generators)} generators for {probs.shape[0]} rows")
     # one float64 uniform per row from its own stream (what `categorical` draws for one row): each row's draw
     # depends on its own generator only, so a row's tokens do not depend on which rows it is drawn with
-    uniforms = torch.cat(
-        [torch.rand(1, 1, generator=g, device=probs.device, dtype=torch.float64) for g in generators]
-    )
+    uniforms = torch.cat([torch.rand(1, 1, generator=g, device=probs.device, dtype=torch.float64) for g in generators])
     return _draw_at(probs, uniforms).reshape(-1)
 
 
