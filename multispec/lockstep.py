@@ -17,9 +17,11 @@ target's after the pending token and after each draft; `accepted` [B], each row'
 Why a row's output is the one `generate` gives it alone: row b reads only its own logits, its own draft rows and its
 own random stream; each draw takes from row b's generator what `generate` takes for it alone, in the same order (its
 drafts' uniforms, then its ratio tests', then the residual's or bonus token's), and the batched forwards give a
-row the bits it gets alone (`HFModel.forward_rows`). A joining prompt, but its last token, is fed in chunks of
-`PREFILL_CHUNK` tokens at fixed offsets beside the decoding rows, at most `PREFILL_TOKENS` in one forward, so the
-decoding rows wait for a chunk, not a whole prompt.
+row the bits it gets alone (`HFModel.forward_rows`). A joining prompt, but its last token, is fed beside the
+decoding rows: in one piece through the fused attention, as `generate` feeds it, where it holds at most
+`PREFILL_TOKENS` tokens; a longer one in chunks of `PREFILL_CHUNK` at fixed offsets, so that the decoding rows wait
+for a chunk, not a whole prompt (its bits then depend on its length alone, not on the batch, but in a reduced
+precision they can differ from `generate`'s single pass).
 
 Models without batched forwards (the exact test models) run the same loop with one forward per row, so the checker
 runs on it. `generate_batch` takes this path for `ar` and for `sd` with the draft model and a fixed chain; other
@@ -31,7 +33,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -224,26 +226,32 @@ class Lockstep:
         for r, d in zip(rows, depth, strict=True):
             entries = Entries.chain(drafts[len(steps), :d]) if d else None
             steps.append((r, r.session.target, r.session.target.step([r.session.tokens], entries)))
-        logits = self._forward("target", steps + [(r, r.session.target, step) for r, step, _ in chunks["target"]])
-        for r, _, end in chunks["target"]:
-            r.fed = end
+        logits = self._forward("target", steps + chunks["target"])
+        for r, _, step in chunks["target"]:
+            r.fed = step.length
         if rows:
             self._verify_and_commit(rows, depth, drafts, draft_rows, logits[: len(rows)])
 
-    def _chunks(self, prefilling: list[_Row]) -> dict[str, list[tuple[_Row, Step, int]]]:
-        """The next chunk of each joining prompt (all but its last token), per model: (row, step, end)."""
+    def _chunks(self, prefilling: list[_Row]) -> dict[str, list[tuple[_Row, ModelRunner, Step]]]:
+        """The next piece of each joining prompt (all but its last token), per model: (row, runner, step)."""
         out: dict[str, list] = {role: [] for role in self.models}
         budget = PREFILL_TOKENS
         for r in prefilling:
-            start = r.fed
-            end = min(r.session.prompt_length - 1, (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
+            start, fed = r.fed, r.session.prompt_length - 1
+            # in one piece where it fits a forward (the bits `generate` gives its prompt), else in chunks
+            end = min(fed, (start // PREFILL_CHUNK + 1) * PREFILL_CHUNK)
+            if start == 0 and fed <= PREFILL_TOKENS:
+                end = fed
             if end - start > budget and out["target"]:
                 break
             budget -= end - start
             part = r.session.tokens[:end]
-            out["target"].append((r, r.session.target.step([part]), end))
-            if self.models["draft"] is not None:
-                out["draft"].append((r, r.session.draft, r.session.draft.step([part])))
+            for role in (role for role, model in self.models.items() if model is not None):
+                runner = getattr(r.session, role)
+                step = runner.step([part])
+                if start == 0:  # the first piece through the fused kernel, as `generate` feeds all but the last
+                    step = replace(step, fused=end)
+                out[role].append((r, runner, step))
             self.stats["prefill_chunks"] += 1
             self.stats["prefill_tokens"] += end - start
         return out

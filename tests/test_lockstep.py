@@ -62,20 +62,19 @@ def test_a_long_prompt_joins_in_chunks_beside_the_decoding_rows(pair, monkeypatc
         return real(self, role, steps)
 
     monkeypatch.setattr(lockstep.Lockstep, "_forward", spy)
+    monkeypatch.setattr(lockstep, "PREFILL_TOKENS", 100)  # LONG's 119 tokens do not fit one piece
     got = generate_batch(*pair, [PROMPTS[0], LONG], "sd:gamma=2", max_new_tokens=12, seed=40, score=False)
     assert [r.token_ids for r in got] == _alone(pair, [PROMPTS[0], LONG], "sd:gamma=2")
-    # the long prompt's first 119 tokens in chunks of at most 64, each in a target forward with the short row's
-    # decoding step (its pending token and two drafts)
+    # the long prompt's first 119 tokens in chunks at multiples of 64, each in a target forward with the short
+    # row's decoding step (its pending token and two drafts)
     target = [sizes for role, sizes in forwards if role == "target"]
     assert [3, 64] in target and [3, 55] in target, target
     assert max(max(sizes) for sizes in target) <= lockstep.PREFILL_CHUNK
 
 
 def test_greedy_rows_in_bfloat16_do_not_depend_on_the_batch_or_their_arrival(lockstep_only):
-    # the default dtype and engine on this machine: 20 prompts of 1 to 150 tokens, each decoded alone in a batch,
-    # then in batches of random sizes in random orders (rows join as others leave), give identical tokens. (Alone
-    # in a batch, not `generate`: a prompt joins a batch in chunks at fixed offsets, while `generate` attends over a
-    # whole prompt in one fused kernel, whose bits differ in bfloat16.)
+    # the default dtype and engine on this machine: 20 prompts of 1 to 150 tokens decoded alone (`generate`), then
+    # in batches of random sizes in random orders (rows join as others leave), give identical tokens
     from tests.models.helpers import _bf16_llama
 
     target, draft = _bf16_llama(), _bf16_llama(hidden=192)
@@ -83,11 +82,27 @@ def test_greedy_rows_in_bfloat16_do_not_depend_on_the_batch_or_their_arrival(loc
     prompts = [[rng.randrange(256) for _ in range(rng.choice([1, 3, 17, 70, 150]))] for _ in range(20)]
     kwargs = {"max_new_tokens": 10, "temperature": 0, "score": False}
     for method in ("ar", "sd:gamma=3"):
-        want = [generate_batch(target, draft, [p], method, **kwargs)[0].token_ids for p in prompts]
+        want = [generate(target, draft, p, method, **kwargs).token_ids for p in prompts]
         for rows in (20, 3):
             order = rng.sample(range(20), 20)
             got = generate_batch(target, draft, [prompts[i] for i in order], method, rows=rows, **kwargs)
             assert [got[order.index(i)].token_ids for i in range(20)] == want, (method, rows)
+
+
+def test_a_long_prompts_rows_in_bfloat16_do_not_depend_on_the_batch(lockstep_only, monkeypatch):
+    # a prompt too long for one piece joins in chunks at fixed offsets: alone in a batch or beside others, the
+    # same tokens
+    from multispec import lockstep
+    from tests.models.helpers import _bf16_llama
+
+    monkeypatch.setattr(lockstep, "PREFILL_TOKENS", 100)
+    target, draft = _bf16_llama(), _bf16_llama(hidden=192)
+    rng = random.Random(6)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (150, 3, 130, 40, 101)]
+    kwargs = {"max_new_tokens": 10, "temperature": 0, "score": False}
+    want = [generate_batch(target, draft, [p], "sd:gamma=3", **kwargs)[0].token_ids for p in prompts]
+    got = generate_batch(target, draft, prompts, "sd:gamma=3", rows=3, **kwargs)
+    assert [r.token_ids for r in got] == want
 
 
 def test_a_uniform_shared_by_the_rows_changes_their_tokens(pair, monkeypatch):
