@@ -879,6 +879,12 @@ def generate_batch(
 
         if gamma:
             check_compatible(target, draft)
+        room = target.max_length
+        for i, prompt in enumerate(ids):
+            if room is not None and len(prompt) >= room:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of {room}"
+                )
         seeds = [seed + i if seed is not None else int(torch.seed() % 2**63) for i in range(len(ids))]
         batch = Lockstep(target, draft, gamma, sampling, rows, capacity)
         with background.paused():  # no background compile beside decoding

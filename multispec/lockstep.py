@@ -46,6 +46,7 @@ from .warp import Sampling, argmax, categorical_each
 
 PREFILL_CHUNK = 64
 PREFILL_TOKENS = 256
+SCORE_TOKENS = 2048
 
 
 def batchable(model) -> bool:
@@ -136,6 +137,7 @@ class Lockstep:
         )
         self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "prefill_chunks": 0, "prefill_tokens": 0}
         self.stats["other_seconds"] = 0.0  # between forwards: drawing, verifying, committing, joining
+        self.stats["score_seconds"] = 0.0  # forwards scoring ended outputs (`score`)
 
     def run(
         self,
@@ -150,7 +152,7 @@ class Lockstep:
         """Decode every prompt (prompt i with seed `seeds[i]`): one `Result` per prompt, in order. `on_result(i,
         result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes them, for every row."""
         from .api import session_stats
-        from .likelihood import mean_logprob, perplexity
+        from .likelihood import perplexity
         from .result import Result
 
         waiting, free = deque(range(len(prompts))), list(range(self.rows))
@@ -165,7 +167,10 @@ class Lockstep:
             forwards = self.stats["seconds"]
             self._iteration(active)
             self.stats["other_seconds"] += time.perf_counter() - t0 - (self.stats["seconds"] - forwards)
-            for row in [r for r in active if r.session.done]:
+            ended = [r for r in active if r.session.done]
+            # (scored before the rows are given to the next prompts: they score in their own cache rows)
+            scores = self._score(ended) if score else {}
+            for row in ended:
                 active.remove(row)
                 s = row.session
                 stats = session_stats(s, time.perf_counter() - row.started)
@@ -174,8 +179,8 @@ class Lockstep:
                 stats["batch_draft_share_seconds"] = row.shared["draft"]
                 stats["batch_waiting_seconds"] = 0.0
                 stats["fallbacks"] = []
-                if score:  # (before the row is given to the next prompt: it scores in the row's cache)
-                    stats["mean_logprob"] = mean_logprob(s.target_model, s.tokens[: s.prompt_length], s.new_tokens)
+                if score:
+                    stats["mean_logprob"] = scores[row.index]
                     stats["perplexity"] = perplexity([stats["mean_logprob"]])
                 target = self.models["target"]
                 results[row.index] = Result(
@@ -187,6 +192,41 @@ class Lockstep:
                 if on_result is not None:
                     on_result(row.index, results[row.index])
         return results
+
+    def _score(self, ended: list[_Row]) -> dict[int, float | None]:
+        """`likelihood.mean_logprob` of each ended row's output, by prompt index: the rows' prompts and outputs
+        fed again into their emptied cache rows, together, in forwards of at most `SCORE_TOKENS` tokens (a row
+        alone where it is longer), the prompt's part through the fused attention."""
+        from .likelihood import mean_logprob
+
+        target = self.models["target"]
+        out: dict[int, float | None] = {}
+        if not self.caches:  # one forward per row
+            for r in ended:
+                s = r.session
+                out[r.index] = mean_logprob(s.target_model, s.tokens[: s.prompt_length], s.new_tokens)
+            return out
+        rows = [r for r in ended if r.session.new_tokens]
+        out.update({r.index: None for r in ended if not r.session.new_tokens})
+        while rows:
+            group, tokens = [], 0
+            while rows and (not group or tokens + len(rows[0].session.tokens) - 1 <= SCORE_TOKENS):
+                group.append(rows.pop(0))
+                tokens += len(group[-1].session.tokens) - 1
+            feeds = []
+            for r in group:
+                cache = r.session.target.cache
+                target.crop(cache, 0)
+                fed = torch.tensor(r.session.tokens[:-1])
+                n = len(r.session.new_tokens)  # the rows after the last prompt token and after each output token
+                feeds.append((r.slot, cache, fed, None, None, n, fed.numel() - n))
+            t0 = time.perf_counter()
+            logits = target.forward_rows(self.caches["target"], feeds)
+            self.stats["score_seconds"] += time.perf_counter() - t0
+            for r, x in zip(group, logits, strict=True):
+                picked = torch.log_softmax(x.double(), -1).gather(-1, torch.tensor(r.session.new_tokens)[:, None])
+                out[r.index] = float(picked.mean())
+        return out
 
     # -- rows joining and leaving ----------------------------------------------------------------------------------
     def _join(self, index, slot, prompts, max_new_tokens, seeds, on_tokens, cancel) -> _Row:

@@ -175,3 +175,8 @@ def test_methods_outside_lockstep_run_in_the_threaded_batch(pair, monkeypatch):
     for method in ("sd:gamma=auto", "sd:gamma=2,drafter=lookup", "sd:gamma=2,confidence=0.5", "mcsd:k_config=2x1"):
         got = generate_batch(*pair, PROMPTS[:2], method, max_new_tokens=4, temperature=0, score=False)
         assert [r.token_ids for r in got] == want, method
+
+
+def test_a_prompt_that_fills_the_context_is_refused_naming_it(pair):
+    with pytest.raises(ValueError, match=r"prompt 1 has 130 tokens, which leaves no room"):
+        generate_batch(*pair, [PROMPTS[0], [3] * 130], "ar", max_new_tokens=4)
