@@ -35,7 +35,7 @@ import torch
 
 from .lockstep import Lockstep, batchable, runs_in_lockstep
 from .machine import one_thread_here
-from .models.base import LanguageModel
+from .models.base import LanguageModel, ModelView
 from .models.static import RowKV
 
 WAIT_SECONDS = 0.02  # how long the scheduler waits for the other rows' feeds once one is waiting
@@ -214,28 +214,19 @@ class RowLoad:
         }
 
 
-class RowModel(LanguageModel):
+class RowModel(ModelView):
     """One generation's stand-in for a model of a batch: everything is the model's, except that its first cache is
     the generation's row of the batch cache and its forwards run on the scheduler's thread (see the module note)."""
 
     def __init__(self, batcher: Batcher, role: str, model, row: int | None):
-        self._batcher, self._role, self._model, self._row = batcher, role, model, row
+        super().__init__(model)
+        self._batcher, self._role, self._row = batcher, role, row
         self._row_cache: RowKV | None = None  # (row None: a generation beside the batch, on caches of its own)
         # seconds of this row's forward calls, of the forwards they ran in, and its share of those (by tokens)
         self.called = self.ran = self.shared = 0.0
         self._capture: tuple[tuple[int, ...], list] | None = None  # `hidden_features`: the layers, where to put them
         if role == "target" and batcher.batched and row is not None:
             self.batch_load = RowLoad(batcher, row)
-        # what `LanguageModel` gives defaults for is read from the model, not the defaults
-        for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
-            setattr(self, name, getattr(model, name))
-
-    def __getattr__(self, name):  # what the generation reads of the model: names, vocabulary, costs, counters
-        return getattr(self._model, name)
-
-    @property
-    def stop_tokens(self) -> frozenset[int]:
-        return self._model.stop_tokens
 
     def prepare(self) -> None:
         if self._row is None:  # a generation beside the batch: its model decides what it decides alone
@@ -300,15 +291,6 @@ class RowModel(LanguageModel):
         if not hasattr(type(self._model), "with_head_rows"):
             return None  # a model without one is masked whole (`reduce_vocab`)
         return RowModel(self._batcher, self._role, self._model.with_head_rows(ids, draft_vocab), self._row)
-
-    def crop(self, cache, length: int) -> None:
-        self._model.crop(cache, length)
-
-    def select_rows(self, cache, rows: torch.Tensor) -> None:
-        self._model.select_rows(cache, rows)
-
-    def keep_positions(self, cache, positions: torch.Tensor) -> None:
-        self._model.keep_positions(cache, positions)
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         with self._batcher.tokenizer_lock:

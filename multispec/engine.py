@@ -142,7 +142,17 @@ class ModelRunner:
         """
         step = self.step(rows, entries)
         t0 = time.perf_counter()
-        logits = self.model.forward(
+        logits = self.run(step)
+        if getattr(self.model.device, "type", None) == "cuda":
+            # a GPU forward returns before its kernels finish: without this, the wait would be counted in
+            # whatever reads the logits first (the rule's time), not in the forward's
+            torch.cuda.synchronize(self.model.device)
+        self.ran(step, time.perf_counter() - t0)
+        return logits
+
+    def run(self, step: Step) -> torch.Tensor:
+        """The model's forward of `step` on this runner's cache: logits [B, keep, V] (`ran` accounts for it)."""
+        return self.model.forward(
             self.cache,
             step.tokens,
             step.positions,
@@ -151,12 +161,6 @@ class ModelRunner:
             fused_prefix=step.fused,
             batch_invariant=self.batch_invariant,
         )
-        if getattr(self.model.device, "type", None) == "cuda":
-            # a GPU forward returns before its kernels finish: without this, the wait would be counted in
-            # whatever reads the logits first (the rule's time), not in the forward's
-            torch.cuda.synchronize(self.model.device)
-        self.ran(step, time.perf_counter() - t0)
-        return logits
 
     def step(self, rows: list[list[int]], entries: Entries | None = None) -> Step:
         """What `feed(rows, entries)` hands the model's forward, checked, without running it: a batch of many

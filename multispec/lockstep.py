@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .engine import Entries, ModelRunner, Session, Step
-from .models.base import LanguageModel
+from .models.base import ModelView
 from .models.static import RowKV
 from .verify import Verdict
 from .verify.chain import RESIDUAL_EPS
@@ -54,47 +54,19 @@ def batchable(model) -> bool:
     return getattr(model, "static", False) and hasattr(model, "forward_rows")
 
 
-class OnRow(LanguageModel):
+class OnRow(ModelView):
     """A model seen through one row of a batch cache: `new_cache` is that row (`static.RowKV`); the rest is the
     model's. Its forwards are not run through it: the batch runs every row's in one (`forward_rows`)."""
 
     def __init__(self, model, cache: RowKV):
-        self._model, self._cache = model, cache
-        for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
-            setattr(self, name, getattr(model, name))
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    @property
-    def stop_tokens(self) -> frozenset[int]:
-        return self._model.stop_tokens
+        super().__init__(model)
+        self._cache = cache
 
     def prepare(self) -> None:
         return None  # a batch's steps run eagerly: nothing to settle
 
     def new_cache(self):
         return self._cache
-
-    def forward(self, cache, *args, **kwargs):  # a forward of this row alone (scoring an output once it ended)
-        return self._model.forward(cache, *args, **kwargs)
-
-    def score_cache(self):
-        """The cache `likelihood.mean_logprob` scores the ended output in: the row's, emptied."""
-        self._model.crop(self._cache, 0)
-        return self._cache
-
-    def crop(self, cache, length: int) -> None:
-        self._model.crop(cache, length)
-
-    def select_rows(self, cache, rows: torch.Tensor) -> None:
-        self._model.select_rows(cache, rows)
-
-    def keep_positions(self, cache, positions: torch.Tensor) -> None:
-        self._model.keep_positions(cache, positions)
-
-    def decode(self, ids: list[int]) -> str | None:
-        return self._model.decode(ids)
 
 
 @dataclass
@@ -194,9 +166,9 @@ class Lockstep:
         return results
 
     def _score(self, ended: list[_Row]) -> dict[int, float | None]:
-        """`likelihood.mean_logprob` of each ended row's output, by prompt index: the rows' prompts and outputs
-        fed again into their emptied cache rows, together, in forwards of at most `SCORE_TOKENS` tokens (a row
-        alone where it is longer), the prompt's part through the fused attention."""
+        """`likelihood.mean_logprob` of each ended row's output, by prompt index: the rows' outputs fed again after
+        their prompts' entries, together, in forwards of at most `SCORE_TOKENS` tokens (a row alone where it is
+        longer)."""
         from .likelihood import mean_logprob
 
         target = self.models["target"]
@@ -210,16 +182,17 @@ class Lockstep:
         out.update({r.index: None for r in ended if not r.session.new_tokens})
         while rows:
             group, tokens = [], 0
-            while rows and (not group or tokens + len(rows[0].session.tokens) - 1 <= SCORE_TOKENS):
+            while rows and (not group or tokens + len(rows[0].session.new_tokens) <= SCORE_TOKENS):
                 group.append(rows.pop(0))
-                tokens += len(group[-1].session.tokens) - 1
+                tokens += len(group[-1].session.new_tokens)
             feeds = []
             for r in group:
-                cache = r.session.target.cache
-                target.crop(cache, 0)
-                fed = torch.tensor(r.session.tokens[:-1])
-                n = len(r.session.new_tokens)  # the rows after the last prompt token and after each output token
-                feeds.append((r.slot, cache, fed, None, None, n, fed.numel() - n))
+                # the prompt's entries are kept (but its last token's): the logits after the last prompt token and
+                # after each output token but the last
+                s, cache = r.session, r.session.target.cache
+                target.crop(cache, s.prompt_length - 1)
+                fed = torch.tensor(s.tokens[s.prompt_length - 1 : -1])
+                feeds.append((r.slot, cache, fed, None, None, fed.numel()))
             t0 = time.perf_counter()
             logits = target.forward_rows(self.caches["target"], feeds)
             self.stats["score_seconds"] += time.perf_counter() - t0
@@ -309,18 +282,7 @@ class Lockstep:
             ]
             out = model.forward_rows(self.caches[role], feeds)
         else:  # models without batched forwards: one forward per row, the rest of the loop as in a batch
-            out = [
-                model.forward(
-                    runner.cache,
-                    step.tokens,
-                    step.positions,
-                    step.mask,
-                    logits_to_keep=step.keep,
-                    fused_prefix=step.fused,
-                    batch_invariant=runner.batch_invariant,
-                )[0]
-                for _, runner, step in steps
-            ]
+            out = [runner.run(step)[0] for _, runner, step in steps]
         seconds = time.perf_counter() - t0
         tokens = sum(step.tokens.shape[-1] for _, _, step in steps)
         for r, runner, step in steps:

@@ -98,3 +98,41 @@ class LanguageModel(ABC):
 
     def decode(self, ids: list[int]) -> str | None:
         return None
+
+
+class ModelView(LanguageModel):
+    """A model seen through a stand-in (a batch's row of it): everything is the model's (`_model`), its names,
+    vocabulary, costs and cache operations; a subclass overrides what it sees otherwise (its cache, its forwards)."""
+
+    def __init__(self, model: LanguageModel):
+        self._model = model
+        # what `LanguageModel` gives defaults for is read from the model, not the defaults
+        for name in ("vocab_size", "max_length", "eos_token_id", "stop_token_ids", "tokenizer", "name", "device"):
+            setattr(self, name, getattr(model, name))
+
+    def __getattr__(self, name):
+        if name == "_model":  # (not set yet: no recursion)
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+    @property
+    def stop_tokens(self) -> frozenset[int]:
+        return self._model.stop_tokens
+
+    def new_cache(self) -> Any:
+        return self._model.new_cache()
+
+    def forward(self, cache, *args, **kwargs) -> torch.Tensor:
+        return self._model.forward(cache, *args, **kwargs)
+
+    def crop(self, cache, length: int) -> None:
+        self._model.crop(cache, length)
+
+    def select_rows(self, cache, rows: torch.Tensor) -> None:
+        self._model.select_rows(cache, rows)
+
+    def keep_positions(self, cache, positions: torch.Tensor) -> None:
+        self._model.keep_positions(cache, positions)
+
+    def decode(self, ids: list[int]) -> str | None:
+        return self._model.decode(ids)
