@@ -86,9 +86,8 @@ def main() -> int:
                 "forwards": stats["forwards"],
                 "rows_per_forward": stats["rows"] / max(stats["forwards"], 1),
                 "forward_seconds": stats["seconds"],
-                # lockstep only: between forwards, the rows' work (drawing, verifying, committing, joining) and
-                # the forwards scoring ended outputs
-                **{k: stats[k] for k in ("other_seconds", "score_seconds") if k in stats},
+                # lockstep only: between forwards, the rows' work (drawing, verifying, committing, joining)
+                **{k: stats[k] for k in ("other_seconds",) if k in stats},
                 "share_in_forwards": stats["seconds"] / wall,
                 "ms_per_forward": 1e3 * stats["seconds"] / max(stats["forwards"], 1),
                 "ms_between_forwards": 1e3 * (wall - stats["seconds"]) / max(stats["forwards"], 1),

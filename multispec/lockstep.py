@@ -46,7 +46,6 @@ from .warp import Sampling, argmax, categorical_each
 
 PREFILL_CHUNK = 64
 PREFILL_TOKENS = 256
-SCORE_TOKENS = 2048
 
 
 def batchable(model) -> bool:
@@ -78,6 +77,7 @@ class _Row:
     session: Session
     started: float
     fed: int = 0  # prompt tokens fed so far (all but the last are fed before it decodes)
+    logprob: float = 0.0  # the output's log-probability under the target, unwarped (`score`)
     shared: dict = field(default_factory=lambda: {"target": 0.0, "draft": 0.0})  # its share of the forwards
 
     @property
@@ -108,8 +108,8 @@ class Lockstep:
             else {}
         )
         self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "prefill_chunks": 0, "prefill_tokens": 0}
+        self.score = False  # `run`'s: each row adds up its output's log-probability
         self.stats["other_seconds"] = 0.0  # between forwards: drawing, verifying, committing, joining
-        self.stats["score_seconds"] = 0.0  # forwards scoring ended outputs (`score`)
 
     def run(
         self,
@@ -122,7 +122,9 @@ class Lockstep:
         score: bool = False,
     ) -> list:
         """Decode every prompt (prompt i with seed `seeds[i]`): one `Result` per prompt, in order. `on_result(i,
-        result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes them, for every row."""
+        result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes them, for every row (`score`'s
+        log-probabilities read from the target's logits of the decoding forwards: no forward of their own)."""
+        self.score = score
         from .api import session_stats
         from .likelihood import perplexity
         from .result import Result
@@ -139,10 +141,7 @@ class Lockstep:
             forwards = self.stats["seconds"]
             self._iteration(active)
             self.stats["other_seconds"] += time.perf_counter() - t0 - (self.stats["seconds"] - forwards)
-            ended = [r for r in active if r.session.done]
-            # (scored before the rows are given to the next prompts: they score in their own cache rows)
-            scores = self._score(ended) if score else {}
-            for row in ended:
+            for row in [r for r in active if r.session.done]:
                 active.remove(row)
                 s = row.session
                 stats = session_stats(s, time.perf_counter() - row.started)
@@ -152,7 +151,7 @@ class Lockstep:
                 stats["batch_waiting_seconds"] = 0.0
                 stats["fallbacks"] = []
                 if score:
-                    stats["mean_logprob"] = scores[row.index]
+                    stats["mean_logprob"] = row.logprob / len(s.new_tokens) if s.new_tokens else None
                     stats["perplexity"] = perplexity([stats["mean_logprob"]])
                 target = self.models["target"]
                 results[row.index] = Result(
@@ -164,42 +163,6 @@ class Lockstep:
                 if on_result is not None:
                     on_result(row.index, results[row.index])
         return results
-
-    def _score(self, ended: list[_Row]) -> dict[int, float | None]:
-        """`likelihood.mean_logprob` of each ended row's output, by prompt index: the rows' outputs fed again after
-        their prompts' entries, together, in forwards of at most `SCORE_TOKENS` tokens (a row alone where it is
-        longer)."""
-        from .likelihood import mean_logprob
-
-        target = self.models["target"]
-        out: dict[int, float | None] = {}
-        if not self.caches:  # one forward per row
-            for r in ended:
-                s = r.session
-                out[r.index] = mean_logprob(s.target_model, s.tokens[: s.prompt_length], s.new_tokens)
-            return out
-        rows = [r for r in ended if r.session.new_tokens]
-        out.update({r.index: None for r in ended if not r.session.new_tokens})
-        while rows:
-            group, tokens = [], 0
-            while rows and (not group or tokens + len(rows[0].session.new_tokens) <= SCORE_TOKENS):
-                group.append(rows.pop(0))
-                tokens += len(group[-1].session.new_tokens)
-            feeds = []
-            for r in group:
-                # the prompt's entries are kept (but its last token's): the logits after the last prompt token and
-                # after each output token but the last
-                s, cache = r.session, r.session.target.cache
-                target.crop(cache, s.prompt_length - 1)
-                fed = torch.tensor(s.tokens[s.prompt_length - 1 : -1])
-                feeds.append((r.slot, cache, fed, None, None, fed.numel()))
-            t0 = time.perf_counter()
-            logits = target.forward_rows(self.caches["target"], feeds)
-            self.stats["score_seconds"] += time.perf_counter() - t0
-            for r, x in zip(group, logits, strict=True):
-                picked = torch.log_softmax(x.double(), -1).gather(-1, torch.tensor(r.session.new_tokens)[:, None])
-                out[r.index] = float(picked.mean())
-        return out
 
     # -- rows joining and leaving ----------------------------------------------------------------------------------
     def _join(self, index, slot, prompts, max_new_tokens, seeds, on_tokens, cancel) -> _Row:
@@ -369,16 +332,25 @@ class Lockstep:
                 mass = residual.sum(-1)
                 at = torch.where((rejected & (mass > RESIDUAL_EPS))[:, None], residual, at)
             nxt = categorical_each(at, generators)
+        logprobs = None
+        if self.score:  # log target(token | prefix), unwarped, of each token a row may commit: its drafts, then next
+            chosen = torch.cat([drafts, drafts.new_zeros(n, 1)], 1)
+            chosen[torch.arange(n), accepted] = nxt
+            picked = target_logits.gather(-1, chosen[..., None])[..., 0].double()
+            logprobs = picked - torch.logsumexp(target_logits.double(), -1)  # [B, G + 1]
         for b, r in enumerate(rows):
             s, d, k = r.session, depth[b], int(accepted[b])
+            before = len(s.new_tokens)
             if d == 0:
                 s.commit(Verdict.token(int(nxt[b])))
-                continue
-            context = len(s.tokens)
-            verdict = Verdict(tuple(range(k)), tuple(drafts[b, :k].tolist()), int(nxt[b]), k < d)
-            s.commit(verdict, drafted=d)
-            # the draft keeps the accepted drafts it was fed (all but the last draft were)
-            s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
+            else:
+                context = len(s.tokens)
+                verdict = Verdict(tuple(range(k)), tuple(drafts[b, :k].tolist()), int(nxt[b]), k < d)
+                s.commit(verdict, drafted=d)
+                # the draft keeps the accepted drafts it was fed (all but the last draft were)
+                s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
+            if logprobs is not None:  # the tokens committed (a stop or the budget may cut the verdict short)
+                r.logprob += float(logprobs[b, : len(s.new_tokens) - before].sum())
 
 
 def runs_in_lockstep(target, draft, method: str, params: dict, sampling: Sampling) -> int | None:
