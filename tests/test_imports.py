@@ -15,6 +15,7 @@ TOOLS = (
 CORE = (
     "multispec.api",
     "multispec.batching",
+    "multispec.lockstep",
     "multispec.result",
     "multispec.engine",
     "multispec.decoding",
