@@ -250,6 +250,8 @@ class Lockstep:
         tokens = sum(step.tokens.shape[-1] for _, _, step in steps)
         for r, runner, step in steps:
             runner.ran(step, seconds)
+            if step.length < r.session.prompt_length:  # a prompt's piece: counted with its first step's call, as
+                runner.calls -= 1  # `generate` feeds the prompt in that call
             r.shared[role] += seconds * step.tokens.shape[-1] / tokens
         self.stats["forwards"] += 1
         self.stats["rows"] += len(steps)
