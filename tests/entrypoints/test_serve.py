@@ -529,9 +529,13 @@ def test_serve_runs_the_models_on_the_main_thread_and_stops_on_a_signal(default_
     # `multispec serve`: HTTP on a thread, every forward on the calling (main) thread, which a SIGINT stops
     import signal
 
+    from multispec import generate
     from multispec.entrypoints.serve import Server, serve
 
     assert threading.current_thread() is threading.main_thread()
+    # the default method's cost curves, measured once per machine (a minute on a slow host), before the client's
+    # deadline starts
+    generate(default_pair.target, default_pair.draft, PROMPT, max_new_tokens=2, temperature=0, score=False)
     server = Server(default_pair, batch_rows=batch_rows, driven=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
