@@ -30,19 +30,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
+from .batchload import BatchPrices, RowLoad
 from .lockstep import Lockstep, batchable, runs_in_lockstep
 from .machine import one_thread_here
 from .models.base import LanguageModel, ModelView
 from .models.static import RowKV
 
 WAIT_SECONDS = 0.02  # how long the scheduler waits for the other rows' feeds once one is waiting
-GAP_SECONDS = 1.0  # a longer pause between two batched forwards is an idle batch, not the rows' work
 HOLD_SECONDS = 1.0  # the longest a row's target feed is held back while other rows draft (see `_schedule`)
-POOLED_TRIES = 12  # the weight of the batch's pooled acceptance record in a joining row's (`RowLoad.pooled`)
-MAX_POOLED_GAMMA = 16  # draft positions the pooled record keeps
 PROMPT_TOKENS = 64  # a feed of more new tokens than this that is not a prompt runs alone, not packed into the batch
 # a row's prompt joins the batched forwards in chunks of this many tokens, at fixed offsets (so its entries get the
 # same bits whatever runs beside it), at most PREFILL_TOKENS of prompts in one forward (at least one chunk): the
@@ -83,135 +80,6 @@ class _Feed:
     # the seconds of the forwards it ran in, and its share of them (by tokens fed): a row's time split in a batch
     ran: float = 0.0
     shared: float = 0.0
-
-
-class RowLoad:
-    """A row's view of its batch for `gamma=auto` (`DraftLength.load`), so that the rows choose their drafts for
-    the batch (`../shared/specs/batching.md` section 4). A batched forward is packed (`HFModel.forward_rows`): a
-    row's draft positions add its own tokens to the target's forward, not a width to every row. So a row prices
-    each length as the batch's iteration, with the other rows as they last chose (`chose`):
-
-    - the target forward over the other rows' tokens plus this row's, from the batched step's measured curve;
-    - the draft forwards: one per position of the longest chain any row drafts (the target waits for it); a
-      position that other rows draft too costs this row its share of that forward (1 / (rows drafting it)), a
-      position beyond theirs the whole forward. Priced as free, positions beside a drafting row kept every row
-      drafting once one did, where no row drafting paid more (the rows' choices met in a worse equilibrium);
-    - the batch's expected committed tokens: the others' plus this row's own.
-
-    Each row so takes the length that maximises the batch's tokens per second given the others' choices, one
-    row at a time (coordinate ascent on the batch's goodput): rows that accept more draft more, and as rows join,
-    a draft position must pay for itself against a fuller forward, so drafting shrinks, down to none. Everything
-    it reads is past (the other rows' earlier choices and records, the count of rows), never this iteration's
-    target, so each row's output law stays the target's."""
-
-    def __init__(self, batcher: Batcher, row: int):
-        self._batcher, self._row = batcher, row
-
-    @property
-    def rows(self) -> int:
-        return max(1, len(self._batcher._active))
-
-    @property
-    def alone(self) -> bool:
-        """No other row is active: the iteration is priced as a single sequence's (`DraftLength`'s own curves),
-        as `generate` alone prices it. The batched step's curve and the gap between forwards overprice a lone
-        row's drafting (its gap counts its own verification work once per forward)."""
-        return len(self._batcher._active) <= 1
-
-    def _others(self) -> list[tuple[int, float, int]]:
-        """(tokens fed, expected tokens committed, draft positions) of every other active row's last choice; a
-        row that has not chosen (or does not choose: a fixed draft length) counts one token fed and committed."""
-        chosen = self._batcher._chosen
-        return [chosen.get(row, (1, 1.0, 0)) for row in list(self._batcher._active) if row != self._row]
-
-    def target_curve(self, most: int) -> list[float]:
-        """[seconds of the batch's target forward with this row w tokens wide, w = 0 .. most]: the other rows'
-        tokens packed beside this row's, from the batched step's own curve (`Batcher.curve`), not one sequence's."""
-        batcher = self._batcher
-        others = sum(width for width, _, _ in self._others())
-        scale, gap, model = batcher.scale["target"], batcher.gap, batcher.models["target"]
-        full = batcher.curve("target").curve(model.batch_entries(others + most))
-        return [0.0] + [scale * float(full[model.batch_entries(others + w)]) + gap for w in range(1, most + 1)]
-
-    def draft_step(self, width: int) -> float:
-        """Seconds of one draft forward over every row, `width` entries wide."""
-        batcher = self._batcher
-        if "draft" not in batcher.caches:  # a draft whose rows run one after another (a feature-level head)
-            return self.rows * batcher.single_cost("draft")(width) + batcher.gap
-        entries = batcher.entries("draft", self.rows, width)
-        return batcher.scale["draft"] * batcher.curve("draft")(entries) + batcher.gap
-
-    def draft_curve(self, most: int) -> list[float]:
-        """[seconds of one draft forward over every row with this row w entries wide and the others one each,
-        w = 0 .. most]: a level of this row's tree (`AutoTree`) in the packed draft step."""
-        batcher, others = self._batcher, self.rows - 1
-        if "draft" not in batcher.caches:  # a draft whose rows run one after another (a feature-level head)
-            single = batcher.single_cost("draft")
-            return [0.0] + [others * single(1) + single(w) + batcher.gap for w in range(1, most + 1)]
-        model = batcher.models["draft"]
-        full = batcher.curve("draft").curve(model.batch_entries(others + most))
-        scale = batcher.scale["draft"]
-        return [0.0] + [scale * float(full[model.batch_entries(others + w)]) + batcher.gap for w in range(1, most + 1)]
-
-    def others_drafting(self) -> int:
-        """The longest chain another row drafts (its draft forwards run whatever this row chooses)."""
-        return max((drafts for _, _, drafts in self._others()), default=0)
-
-    def rows_drafting(self) -> int:
-        """How many other rows draft with the draft model (they share the draft forwards this row joins)."""
-        return sum(1 for _, _, drafts in self._others() if drafts > 0)
-
-    def others(self, most: int) -> list[float]:
-        """[the other active rows' expected committed tokens, as they last chose], for g = 0 .. most."""
-        return [float(sum(tokens for _, tokens, _ in self._others()))] * (most + 1)
-
-    def chose(self, width: int, tokens: float, drafts: int) -> None:
-        """This row's choice for its next iteration (tokens it feeds the target, tokens it expects to commit,
-        draft positions), for the other rows' prices."""
-        self._batcher._chosen[self._row] = (width, tokens, drafts)
-
-    def record(self, key: str, drafted: int, accepted: int) -> None:
-        """One verification of a drafter option, into the batch's pooled record (`pooled`)."""
-        self._batcher._exploring.get(key, set()).discard(self._row)
-        tries, accepts = self._batcher._pooled.setdefault(key, (np.zeros(MAX_POOLED_GAMMA), np.zeros(MAX_POOLED_GAMMA)))
-        tries[: min(accepted + 1, drafted, MAX_POOLED_GAMMA)] += 1
-        accepts[: min(accepted, MAX_POOLED_GAMMA)] += 1
-
-    def tried(self, key: str) -> int:
-        """First-position tries of drafter option `key` over the batch's rows: recorded, and being made now."""
-        recorded = self._batcher._pooled.get(key)
-        return int(recorded[0][0] if recorded is not None else 0) + len(self._batcher._exploring.get(key, ()))
-
-    def explores(self, key: str) -> None:
-        """This row tries `key` with one draft in its next iteration (until it records the verdict)."""
-        self._batcher._exploring.setdefault(key, set()).add(self._row)
-
-    def pooled_record(self, key: str, tries: list[float], accepts: list[float]) -> tuple[list[float], list[float]]:
-        """The batch's record of `key` (its rows' past verifications, this row's among them, scaled down as in
-        `pooled`) where it holds more first-position tries than the row's own (`tries`, `accepts`)."""
-        recorded = self._batcher._pooled.get(key)
-        if recorded is None or min(recorded[0][0], POOLED_TRIES) <= tries[0]:
-            return tries, accepts
-        return self._scaled(*recorded, len(tries))
-
-    @staticmethod
-    def _scaled(tries: np.ndarray, accepts: np.ndarray, positions: int) -> tuple[list[float], list[float]]:
-        """A pooled record scaled down to at most `POOLED_TRIES` first-position tries, `positions` long."""
-        scale = min(1.0, POOLED_TRIES / tries[0]) if tries[0] else 0.0
-        pad = max(0, positions - MAX_POOLED_GAMMA)
-        return (
-            [*(tries[:positions] * scale).tolist(), *[0.0] * pad],
-            [*(accepts[:positions] * scale).tolist(), *[0.0] * pad],
-        )
-
-    def pooled(self, positions: int) -> dict[str, tuple[list[float], list[float]]]:
-        """Every drafter option's record over the batch's rows so far, scaled down to at most `POOLED_TRIES` tries
-        at the first position: a joining row's prior, which its own record soon outweighs (the spec's "pooled
-        history early on"). Past verifications of other rows only, so the row's law is untouched."""
-        return {
-            key: self._scaled(tries, accepts, positions)
-            for key, (tries, accepts) in list(self._batcher._pooled.items())
-        }
 
 
 class RowModel(ModelView):
@@ -305,7 +173,7 @@ class RowModel(ModelView):
             return self._model.decode(ids)
 
 
-class Batcher:
+class Batcher(BatchPrices):
     """Continuous batching for one model pair (see the module note).
 
     Args:
@@ -356,17 +224,7 @@ class Batcher:
         for model in given.values():  # measured once per machine (about a second): not in the first request's time
             if batchable(model):
                 _ = model.batch_rows
-        self._chosen: dict[int, tuple[int, float, int]] = {}  # per row: its last draft choice (`RowLoad.chose`)
-        self._pooled: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per drafter option: tries, accepts
-        self._exploring: dict[str, set[int]] = {}  # per drafter option: the rows trying it now (`RowLoad.explores`)
-        # what a batched forward costs here, against the model's cost curve T(k, c) measured alone (`RowLoad`
-        # reads the curves; each batched forward, timed, moves the scale), and the seconds between two batched
-        # forwards (the rows' own work: verifying, sampling drafts, committing)
-        self.curves: dict[str, Any] = {}
-        self._curves_lock = threading.Lock()
-        self.scale = {"target": 1.0, "draft": 1.0}
-        self.gap = 0.0
-        self._last_end: float | None = None
+        self._init_prices()  # the batch's prices and its rows' draft choices (`RowLoad`)
         self.tokenizer_lock = tokenizer_lock or threading.Lock()
         self._lock = threading.Condition()
         self._free = list(range(rows))
@@ -497,33 +355,8 @@ class Batcher:
         if self._own_thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
-    def entries(self, role: str, rows: int, width: int) -> int:
-        """The entries a batched step of a model computes for `rows` rows `width` wide (`HFModel.batch_entries`)."""
-        return self.models[role].batch_entries(rows * width)
-
-    def single_cost(self, role: str):
-        """A model's cost curve for one sequence (`forward_cost`, a draft's), measured on the scheduler's thread."""
-        key = f"{role}|single"
-        if key not in self.curves:
-            with self._curves_lock:
-                if key not in self.curves:
-                    from .models.cost import forward_cost
-
-                    model = self.models[role]
-                    self.curves[key] = self.alone(lambda: forward_cost(model, batch_invariant=role == "target"))
-        return self.curves[key]
-
-    def curve(self, role: str):
-        """The batched step's cost curve of a model (`batch_forward_cost`), measured on the scheduler's thread
-        the first time a row asks (then read from this machine's store)."""
-        if role not in self.curves:
-            with self._curves_lock:
-                if role not in self.curves:
-                    from .models.cost import batch_forward_cost
-
-                    model = self.models[role]
-                    self.curves[role] = self.alone(lambda: batch_forward_cost(model, role == "target"))
-        return self.curves[role]
+    def _measure(self, work: Callable[[], Any]):
+        return self.alone(work)  # on the scheduler's thread, between batched forwards
 
     def _check_open(self) -> None:
         if self._closed:
@@ -545,9 +378,7 @@ class Batcher:
     def _give_row(self, row: int) -> None:
         with self._lock:
             self._active.discard(row)
-            self._chosen.pop(row, None)
-            for rows in self._exploring.values():
-                rows.discard(row)
+            self._forget(row)
             self._free.append(row)
             self._free.sort()
             for cache in self.caches.values():
@@ -763,8 +594,6 @@ class Batcher:
         if not group:
             return
         tokens = sum(f.args[0].shape[-1] for f in group)
-        if self._last_end is not None and t0 - self._last_end < GAP_SECONDS:
-            self.gap = 0.8 * self.gap + 0.2 * (t0 - self._last_end)
         layers = tuple(sorted({i for f in group for i in f.layers or ()}))
         try:
             with model.hidden_features(layers) if layers else contextlib.nullcontext([]) as seen:
@@ -791,11 +620,7 @@ class Batcher:
         chunks = sum(1 for f in group if f.parent is not None)
         self.stats["prefill_shared"] += 0 < chunks < len(group)
         self.stats["seconds"] += seconds
-        curve = self.curves.get(role)
-        if curve is not None and not any(f.parent for f in group):  # (the curve is of decoding steps, not prompts)
-            ratio = seconds / max(curve(self.models[role].batch_entries(tokens)), 1e-9)
-            self.scale[role] = 0.8 * self.scale[role] + 0.2 * min(4.0, max(0.25, ratio))
-        self._last_end = time.perf_counter()
+        self._timed(role, t0, seconds, tokens, decoding=not any(f.parent for f in group))
         for f in group:
             f.done.set()
 
@@ -854,12 +679,12 @@ def generate_batch(
     )
     rows = min(len(ids), rows or MAX_BATCH)
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + (iteration_entries(name, given, kwargs) or 0)
-    gamma = runs_in_lockstep(target, draft, name, params, sampling)
-    if gamma is not None:  # chains of the draft model, the work besides forwards for all rows at once
+    chain = runs_in_lockstep(target, draft, name, params, sampling)
+    if chain is not None:  # chains, the work besides forwards for all rows at once
         from .api import check_compatible
         from .models.hf import background
 
-        if gamma:
+        if chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid"):
             check_compatible(target, draft)
         room = target.max_length
         for i, prompt in enumerate(ids):
@@ -868,7 +693,7 @@ def generate_batch(
                     f"prompt {i} has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of {room}"
                 )
         seeds = [seed + i if seed is not None else int(torch.seed() % 2**63) for i in range(len(ids))]
-        batch = Lockstep(target, draft, gamma, sampling, rows, capacity)
+        batch = Lockstep(target, draft, sampling=sampling, rows=rows, capacity=capacity, **chain)
         with background.paused():  # no background compile beside decoding
             return batch.run(
                 ids,

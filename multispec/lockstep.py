@@ -3,8 +3,11 @@ together, with tensor operations.
 
 Each iteration, over the rows that decode (B rows, a chain of at most G drafts each):
 
-propose: the draft steps every row's chain at once: one batched forward per draft position; the drafts of all rows
-         come from one warp of their logits [B, V] and one inverse-CDF at per-row uniforms;
+choose:  each row's drafter option and length: the chain it was asked for, or with `gamma=auto` the row's length
+         controller's choice priced as the batch's iteration (`multispec.batchload.RowLoad`), zero included;
+propose: the draft steps the chains of every row that drafts with it at once: one batched forward per draft
+         position; the drafts of all rows come from one warp of their logits [B, V] and one inverse-CDF at per-row
+         uniforms; a row that copies (`lookup`, `suffix`, `hybrid`) takes its copy, one-hot draft rows;
 score:   one target forward over every row's pending tokens and drafts (`HFModel.forward_rows`, packed);
 verify:  the chain rule for every row at once: ratio tests [B, G], accepted prefixes by a cumulative product,
          the residual or bonus rows [B, V] drawn together;
@@ -23,9 +26,12 @@ decoding rows: in one piece through the fused attention, as `generate` feeds it,
 for a chunk, not a whole prompt (its bits then depend on its length alone, not on the batch, but in a reduced
 precision they can differ from `generate`'s single pass).
 
+With `gamma=auto` a row's choices depend on the other rows (the batch's prices), so its output follows the target's
+law but is not the draws `generate` makes alone; a row alone in the batch prices as `generate` does.
+
 Models without batched forwards (the exact test models) run the same loop with one forward per row, so the checker
-runs on it. `generate_batch` takes this path for `ar` and for `sd` with the draft model and a fixed chain; other
-methods run in `multispec.batching`'s threads.
+runs on it. `generate_batch` takes this path for `ar` and for `sd` chains (`runs_in_lockstep`); other methods run
+in `multispec.batching`'s threads.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .batchload import BatchPrices, RowLoad
+from .drafting import DRAFTERS, Drafter, make_drafter
+from .drafting.length import DraftLength
+from .drafting.shape import OVERHEAD_PRIOR, PLAIN_OVERHEAD_PRIOR
 from .engine import Entries, ModelRunner, Session, Step
 from .models.base import ModelView
 from .models.static import RowKV
@@ -68,6 +78,16 @@ class OnRow(ModelView):
         return self._cache
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """A row's drafts for one iteration: `depth` of them (0: a plain target step); `copied`: the tokens a copying
+    drafter proposed (None: the draft model drafts them); `key`: the drafter option (its acceptance record)."""
+
+    depth: int = 0
+    copied: list[int] | None = None
+    key: str | None = None
+
+
 @dataclass
 class _Row:
     """One sequence of the batch: its prompt's index, its batch row and its session."""
@@ -79,28 +99,50 @@ class _Row:
     fed: int = 0  # prompt tokens fed so far (all but the last are fed before it decodes)
     logprob: float = 0.0  # the output's log-probability under the target, unwarped (`score`)
     shared: dict = field(default_factory=lambda: {"target": 0.0, "draft": 0.0})  # its share of the forwards
+    drafter: Drafter | None = None  # its options each iteration (the draft model's chain, a copy)
+    controller: DraftLength | None = None  # `gamma=auto`'s
+    used: dict = field(default_factory=dict)  # `gamma=auto`: iterations per drafter kind ("none": a plain step)
 
     @property
     def prefilling(self) -> bool:
         return self.fed < self.session.prompt_length - 1
 
 
-class Lockstep:
+class Lockstep(BatchPrices):
     """A lockstep batch of one model pair (see the module note).
 
     Args:
-        target, draft: the models (draft None for `ar`).
-        gamma: drafts per target call (0: `ar`).
+        target, draft: the models (draft None for `ar`, or for a copying drafter alone).
+        gamma: drafts per target call (0: `ar`), or "auto" (each row's controller chooses, `DraftLength`).
         sampling: the warp every row samples with.
         rows: sequences decoded at once.
         capacity: entries a row holds (prompt, output and one iteration's drafts).
+        drafter, min_ngram, max_ngram: `sd`'s drafter (`multispec.drafting.DRAFTERS`) and its n-gram bounds.
     """
 
-    def __init__(self, target, draft, gamma: int, sampling: Sampling, rows: int, capacity: int):
-        if gamma and draft is None:
-            raise ValueError("a chain needs a draft model")
-        self.models = {"target": target, "draft": draft if gamma else None}
+    def __init__(
+        self,
+        target,
+        draft,
+        gamma: int | str,
+        sampling: Sampling,
+        rows: int,
+        capacity: int,
+        drafter: str = "model",
+        min_ngram: int = 1,
+        max_ngram: int = 3,
+    ):
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        uses_draft = bool(gamma) and drafter in ("model", "hybrid")
+        if uses_draft and drafter == "model" and draft is None:
+            raise ValueError("a chain of the draft model needs a draft model")
+        self.models = {"target": target, "draft": draft if uses_draft else None}
         self.gamma, self.sampling, self.rows, self.capacity = gamma, sampling, rows, capacity
+        self.drafter, self.ngrams = drafter, (min_ngram, max_ngram)
+        self._active: set[int] = set()  # the rows in the batch (`RowLoad` prices the others' choices)
+        self._init_prices()
+        self._costs = None  # `gamma=auto`: one sequence's cost curves of the target and the draft (`generate`'s)
         given = {role: m for role, m in self.models.items() if m is not None}
         self.caches = (
             {role: m.new_batch_cache(rows, capacity + PREFILL_CHUNK + 64) for role, m in given.items()}
@@ -150,6 +192,8 @@ class Lockstep:
                 stats["batch_draft_share_seconds"] = row.shared["draft"]
                 stats["batch_waiting_seconds"] = 0.0
                 stats["fallbacks"] = []
+                if row.controller is not None:
+                    stats["drafter_iterations"] = row.used
                 if score:
                     stats["mean_logprob"] = row.logprob / len(s.new_tokens) if s.new_tokens else None
                     stats["perplexity"] = perplexity([stats["mean_logprob"]])
@@ -181,11 +225,30 @@ class Lockstep:
         s = Session(
             on["target"], on["draft"], list(prompts[index]), self.sampling, max_new_tokens, generator, on_tokens, cancel
         )
-        if on["draft"] is not None:
-            s.draft_runner()
-        return _Row(index, slot, s, time.perf_counter())
+        row = _Row(index, slot, s, time.perf_counter())
+        self._active.add(slot)
+        if self.gamma:
+            row.drafter = make_drafter(self.drafter, s, tree=False, min_ngram=self.ngrams[0], max_ngram=self.ngrams[1])
+        if self.gamma == "auto":  # priced as `sd` prices it alone, against the batch's iteration in a batch
+            if self._costs is None:
+                from .models.cost import forward_cost
+
+                draft = self.models["draft"]
+                self._costs = (
+                    forward_cost(self.models["target"]),
+                    forward_cost(draft, batch_invariant=False) if draft is not None else None,
+                )
+            row.controller = DraftLength(
+                *self._costs,
+                overhead=OVERHEAD_PRIOR,
+                plain_overhead=PLAIN_OVERHEAD_PRIOR,
+                load=RowLoad(self, slot) if self.caches else None,
+            )
+        return row
 
     def _leave(self, slot: int) -> None:
+        self._active.discard(slot)
+        self._forget(slot)
         for cache in self.caches.values():
             view = getattr(cache, "views", {}).pop(slot, None)
             if view is not None:
@@ -195,8 +258,9 @@ class Lockstep:
     def _iteration(self, active: list[_Row]) -> None:
         chunks = self._chunks([r for r in active if r.prefilling and not r.session.done])
         rows = [r for r in active if not r.prefilling and not r.session.done]
-        depth = [max(0, r.session.draft_depth(self.gamma)) if self.gamma else 0 for r in rows]
-        drafts, draft_rows = self._propose(rows, depth, chunks)
+        choices = [self._choose(r) for r in rows]
+        depth = [c.depth for c in choices]
+        drafts, draft_rows = self._propose(rows, choices, chunks)
         # score: every decoding row's pending tokens and drafts, and the prompts' chunks, in one target forward
         steps = []
         for r, d in zip(rows, depth, strict=True):
@@ -206,7 +270,33 @@ class Lockstep:
         for r, _, step in chunks["target"]:
             r.fed = step.length
         if rows:
-            self._verify_and_commit(rows, depth, drafts, draft_rows, logits[: len(rows)])
+            self._verify_and_commit(rows, choices, drafts, draft_rows, logits[: len(rows)])
+
+    def _choose(self, r: _Row) -> _Choice:
+        """Row `r`'s drafts this iteration, within the room its row has left (`Session.draft_depth`): the first
+        option of its drafter (`hybrid`: a copy where one exists, else the model's chain), or with `gamma=auto`
+        its controller's pick (`DraftLength.plan`), as `sd` chooses them alone."""
+        if not self.gamma:
+            return _Choice()
+        s = r.session
+        longest = r.controller.max_gamma if r.controller is not None else self.gamma
+        room = max(0, s.draft_depth(longest))
+        if room == 0:
+            return _Choice()
+        options = r.drafter.options(s.tokens, room)
+        if r.controller is None:
+            option, length = (options[0], options[0].length) if options else (None, 0)
+        else:
+            plan = r.controller.plan(options, len(s.tokens), len(s.tokens) - s.target.committed)
+            option, length = plan.option, plan.length
+            kind = option.key.split(":")[0] if option is not None else "none"
+            r.used[kind] = r.used.get(kind, 0) + 1
+        if option is None or length == 0:
+            return _Choice()
+        if option.runner is not None:
+            return _Choice(length, None, option.key)
+        proposal = option.make(length)  # a copy: fixed tokens, no forward
+        return _Choice(proposal.size, proposal.tokens.tolist(), option.key)
 
     def _chunks(self, prefilling: list[_Row]) -> dict[str, list[tuple[_Row, ModelRunner, Step]]]:
         """The next piece of each joining prompt (all but its last token), per model: (row, runner, step)."""
@@ -248,6 +338,8 @@ class Lockstep:
             out = [runner.run(step)[0] for _, runner, step in steps]
         seconds = time.perf_counter() - t0
         tokens = sum(step.tokens.shape[-1] for _, _, step in steps)
+        if self.caches:  # the batch's prices (`gamma=auto`): the gap between forwards, the curve's scale
+            self._timed(role, t0, seconds, tokens, decoding=all(not r.prefilling for r, _, _ in steps))
         for r, runner, step in steps:
             runner.ran(step, seconds)
             if step.length < r.session.prompt_length:  # a prompt's piece: counted with its first step's call, as
@@ -258,19 +350,32 @@ class Lockstep:
         self.stats["seconds"] += seconds
         return out
 
-    def _propose(self, rows: list[_Row], depth: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every row's chain of `depth[b]` drafts, one draft forward per position (the prompts' chunks ride in the
-        first). Returns drafts [B, G] and, when sampling, the draft rows [B, G, V] they were drawn from."""
-        width = max(depth, default=0)
+    def _propose(self, rows: list[_Row], choices: list[_Choice], chunks) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every row's chain: a copy as its drafter gave it, or `depth` drafts of the draft model, one draft forward
+        per position over every row drafting with it (the prompts' chunks ride in the first). Returns drafts [B, G]
+        and, when sampling, the draft rows [B, G, V] they were drawn from (one-hot rows for a copy)."""
+        width = max((c.depth for c in choices), default=0)
         drafts = torch.zeros(len(rows), width, dtype=torch.long)
         draft_rows = None
+        if width and not self.sampling.greedy:
+            vocab = self.models["target"].vocab_size
+            draft_rows = torch.zeros(len(rows), width, vocab, dtype=torch.float32)
+        copying = [b for b, c in enumerate(choices) if c.copied]
+        if copying:
+            for b in copying:
+                drafts[b, : choices[b].depth] = torch.tensor(choices[b].copied)
+            if draft_rows is not None:  # a fixed token's draft row is one-hot on it
+                for b in copying:
+                    d = choices[b].depth
+                    draft_rows[b, torch.arange(d), drafts[b, :d]] = 1.0
+        depth = [0 if c.copied else c.depth for c in choices]  # the draft model's positions per row
         drafting = [b for b, d in enumerate(depth) if d > 0]
         steps = [
             (rows[b], rows[b].session.draft, rows[b].session.draft.step([rows[b].session.tokens])) for b in drafting
         ]
         logits = self._forward("draft", steps + chunks["draft"])[: len(steps)]
         last = torch.stack([x[-1] for x in logits]) if logits else None
-        for i in range(width):
+        for i in range(max(depth, default=0)):
             live = [j for j, b in enumerate(drafting) if depth[b] > i]  # indices into `drafting` still drafting
             at = last[live] if len(live) < last.shape[0] else last
             if self.sampling.greedy:  # one-hot rows: the verdict reads the target's argmax alone
@@ -278,9 +383,7 @@ class Lockstep:
             else:
                 probs = self.sampling.probs(at)
                 tokens = categorical_each(probs, [rows[drafting[j]].session.generator for j in live])
-                if draft_rows is None:
-                    draft_rows = torch.zeros(len(rows), width, probs.shape[-1], dtype=probs.dtype)
-                draft_rows[[drafting[j] for j in live], i] = probs
+                draft_rows[[drafting[j] for j in live], i] = probs.to(draft_rows.dtype)
             drafts[[drafting[j] for j in live], i] = tokens
             feeding = [(j, k) for k, j in enumerate(live) if depth[drafting[j]] > i + 1]  # the last is never fed
             if not feeding:
@@ -296,10 +399,11 @@ class Lockstep:
             last[[j for j, _ in feeding]] = torch.stack([x[-1] for x in out])
         return drafts, draft_rows
 
-    def _verify_and_commit(self, rows, depth, drafts, draft_rows, logits) -> None:
+    def _verify_and_commit(self, rows, choices: list[_Choice], drafts, draft_rows, logits) -> None:
         """The chain rule for every row at once (`verify.chain.speculative_verify`, row by row the same draws),
-        then each row's commit."""
+        then each row's commit; a controller hears its row's acceptance."""
         n, width = len(rows), drafts.shape[1]
+        depth = [c.depth for c in choices]
         g = torch.tensor(depth)
         positions = torch.arange(width)
         vocab = logits[0].shape[-1]
@@ -349,24 +453,38 @@ class Lockstep:
                 context = len(s.tokens)
                 verdict = Verdict(tuple(range(k)), tuple(drafts[b, :k].tolist()), int(nxt[b]), k < d)
                 s.commit(verdict, drafted=d)
-                # the draft keeps the accepted drafts it was fed (all but the last draft were)
-                s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
+                if r.controller is not None:
+                    r.controller.observe(choices[b].key, d, k)
+                if choices[b].copied is None:  # the draft keeps the accepted drafts it was fed (all but the last)
+                    s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
             if logprobs is not None:  # the tokens committed (a stop or the budget may cut the verdict short)
                 r.logprob += float(logprobs[b, : len(s.new_tokens) - before].sum())
 
 
-def runs_in_lockstep(target, draft, method: str, params: dict, sampling: Sampling) -> int | None:
-    """The chain length (0 for `ar`) when `method` with `params` runs in a lockstep batch, else None: `ar`, and
-    `sd` with the draft model, a fixed `gamma`, a bonus token, no confidence stop and the whole draft vocabulary,
-    on models that batch alike (both with batched forwards, or neither)."""
-    models = [m for m in (target, draft if method == "sd" else None) if m is not None]
-    if len({batchable(m) for m in models}) != 1 or getattr(draft, "reads_target_features", False) and method == "sd":
-        return None
+def runs_in_lockstep(target, draft, method: str, params: dict, sampling: Sampling) -> dict | None:
+    """`Lockstep`'s arguments for `method` with `params` (gamma, drafter, n-gram bounds) when it runs in a lockstep
+    batch, else None: `ar`, and `sd` chains (any drafter, a fixed `gamma` or "auto") with a bonus token, no
+    confidence stop, the whole draft vocabulary and no feature-level head, on models that batch alike (both with
+    batched forwards, or neither)."""
     if method == "ar":
-        return 0
-    if method != "sd" or draft is None:
+        return {"gamma": 0}
+    if method != "sd":
         return None
-    plain = {"drafter": "model", "bonus": True, "confidence": 0.0, "draft_vocab": None}
-    if any(params.get(k, v) != v for k, v in plain.items()) or not isinstance(params.get("gamma"), int):
+    plain = {"bonus": True, "confidence": 0.0, "draft_vocab": None}
+    if any(params.get(k, v) != v for k, v in plain.items()):
         return None
-    return params["gamma"]
+    drafter = params.get("drafter", "model")
+    gamma = params.get("gamma")
+    uses_draft = drafter in ("model", "hybrid") and draft is not None
+    if drafter not in DRAFTERS or (drafter == "model" and draft is None):
+        return None
+    if not (isinstance(gamma, int) or gamma == "auto"):
+        return None
+    if uses_draft and (getattr(draft, "reads_target_features", False) or batchable(draft) != batchable(target)):
+        return None
+    return {
+        "gamma": gamma,
+        "drafter": drafter,
+        "min_ngram": params.get("min_ngram", 1),
+        "max_ngram": params.get("max_ngram", 3),
+    }

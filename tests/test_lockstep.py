@@ -1,7 +1,8 @@
 """Lockstep batches (`multispec.lockstep`): `ar` and `sd` chains decoded for many rows at once, the rows' drawing,
-verification and commits done together. Each row gets the tokens `generate` gives it alone with its seed, at any
-temperature, whatever else runs and whenever it joins; known-wrong batches (a uniform shared by the rows, a verdict
-committed to the neighbour's cache) fail the same checks."""
+verification and commits done together. With a fixed chain (of the draft model or copied) each row gets the tokens
+`generate` gives it alone with its seed, at any temperature, whatever else runs and whenever it joins; with
+`gamma=auto`, alone in the batch; known-wrong batches (a uniform shared by the rows, a verdict committed to the
+neighbour's cache) fail the same checks."""
 
 import random
 
@@ -38,7 +39,9 @@ def _alone(pair, prompts, method, seed=40, **kwargs):
     ]
 
 
-@pytest.mark.parametrize("method", ["ar", "sd:gamma=1", "sd:gamma=3"])
+@pytest.mark.parametrize(
+    "method", ["ar", "sd:gamma=1", "sd:gamma=3", "sd:gamma=2,drafter=lookup", "sd:gamma=3,drafter=hybrid"]
+)
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}])
 def test_each_row_gets_the_tokens_generate_gives_it_alone(pair, lockstep_only, method, sampling):
     prompts = [*PROMPTS, LONG]
@@ -81,7 +84,7 @@ def test_greedy_rows_in_bfloat16_do_not_depend_on_the_batch_or_their_arrival(loc
     rng = random.Random(5)
     prompts = [[rng.randrange(256) for _ in range(rng.choice([1, 3, 17, 70, 150]))] for _ in range(20)]
     kwargs = {"max_new_tokens": 10, "temperature": 0, "score": False}
-    for method in ("ar", "sd:gamma=3"):
+    for method in ("ar", "sd:gamma=3", None):  # None: the default, `gamma=auto` with copies and the draft model
         want = [generate(target, draft, p, method, **kwargs).token_ids for p in prompts]
         for rows in (20, 3):
             order = rng.sample(range(20), 20)
@@ -140,7 +143,9 @@ def test_scored_outputs_and_streamed_pieces_match_generate(pair):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, params", [("sd", {"gamma": 2}), ("ar", {})])
+@pytest.mark.parametrize(
+    "method, params", [("sd", {"gamma": 2}), ("ar", {}), ("sd", {"gamma": "auto", "drafter": "hybrid"})]
+)
 def test_lockstep_rows_follow_the_target_law(method, params):
     from multispec.tools.check import check_method
 
@@ -172,7 +177,7 @@ def test_methods_outside_lockstep_run_in_the_threaded_batch(pair, monkeypatch):
 
     monkeypatch.setattr(lockstep.Lockstep, "run", refuse)
     want = [generate(*pair, p, "ar", max_new_tokens=4, temperature=0, score=False).token_ids for p in PROMPTS[:2]]
-    for method in ("sd:gamma=auto", "sd:gamma=2,drafter=lookup", "sd:gamma=2,confidence=0.5", "mcsd:k_config=2x1"):
+    for method in ("sd:gamma=2,bonus=false", "sd:gamma=2,confidence=0.5", "mcsd:k_config=2x1"):
         got = generate_batch(*pair, PROMPTS[:2], method, max_new_tokens=4, temperature=0, score=False)
         assert [r.token_ids for r in got] == want, method
 
@@ -180,3 +185,54 @@ def test_methods_outside_lockstep_run_in_the_threaded_batch(pair, monkeypatch):
 def test_a_prompt_that_fills_the_context_is_refused_naming_it(pair):
     with pytest.raises(ValueError, match=r"prompt 1 has 130 tokens, which leaves no room"):
         generate_batch(*pair, [PROMPTS[0], [3] * 130], "ar", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("method", ["sd:gamma=auto,drafter=hybrid", "sd:gamma=auto", "sd:gamma=auto,drafter=suffix"])
+def test_gamma_auto_alone_in_the_batch_draws_what_generate_draws(pair, lockstep_only, method):
+    # a row alone prices its choices as `generate` prices them, so it makes the same choices and the same draws
+    prompts = [PROMPTS[1], LONG]
+    want = _alone(pair, prompts, method, temperature=1.0)
+    got = [
+        generate_batch(*pair, [p], method, max_new_tokens=12, seed=40 + i, temperature=1.0, score=False)[0]
+        for i, p in enumerate(prompts)
+    ]
+    assert [r.token_ids for r in got] == want
+    assert sum(got[1].stats["drafter_iterations"].values()) >= 1
+
+
+def test_gamma_auto_rows_price_their_drafts_against_the_batch(pair, lockstep_only, monkeypatch):
+    # in a batch each row's controller reads the batch's prices (`RowLoad`) and tells it its choice; greedy rows
+    # still give `generate`'s tokens
+    from multispec.batchload import RowLoad
+
+    told = []
+    real = RowLoad.chose
+    monkeypatch.setattr(RowLoad, "chose", lambda self, *a: told.append(self._row) or real(self, *a))
+    prompts = [*PROMPTS, LONG]
+    want = _alone(pair, prompts, "ar", temperature=0.0)
+    got = generate_batch(*pair, prompts, None, max_new_tokens=12, seed=40, temperature=0.0, score=False)
+    assert [r.token_ids for r in got] == want
+    assert len(set(told)) == len(prompts)
+    assert all(sum(r.stats["drafter_iterations"].values()) >= 1 for r in got)
+
+
+@pytest.mark.slow
+def test_copies_accepted_without_their_ratio_test_fail_the_law(monkeypatch):
+    # known-wrong: a copied draft's one-hot row read as zero, so every copied token passes its ratio test
+    from multispec import lockstep
+    from multispec.tools.check import check_method
+
+    real = lockstep.Lockstep._propose
+
+    def unchecked(self, rows, choices, chunks):
+        drafts, draft_rows = real(self, rows, choices, chunks)
+        for b, choice in enumerate(choices):
+            if choice.copied and draft_rows is not None:
+                draft_rows[b] = 0.0
+        return drafts, draft_rows
+
+    args = dict(runs=2000, pairs=1, vocab=4, n_tokens=3, seed=3, batch=8, gamma=2, drafter="lookup")
+    assert check_method("sd", **args).passed  # the real rows pass
+    monkeypatch.setattr(lockstep.Lockstep, "_propose", unchecked)
+    report = check_method("sd", **args)
+    assert not report.passed, report.pairs
