@@ -16,6 +16,7 @@ CORE = (
     "multispec.api",
     "multispec.batching",
     "multispec.lockstep",
+    "multispec.batchload",
     "multispec.result",
     "multispec.engine",
     "multispec.decoding",
