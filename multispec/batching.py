@@ -684,7 +684,8 @@ def generate_batch(
         from .api import check_compatible
         from .models.hf import background
 
-        if chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid"):
+        uses_draft = chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid")
+        if uses_draft:
             check_compatible(target, draft)
         room = target.max_length
         for i, prompt in enumerate(ids):
@@ -693,12 +694,14 @@ def generate_batch(
                     f"prompt {i} has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of {room}"
                 )
         seeds = [seed + i if seed is not None else int(torch.seed() % 2**63) for i in range(len(ids))]
-        batch = Lockstep(target, draft, sampling=sampling, rows=rows, capacity=capacity, **chain)
+        batch = Lockstep(target, draft if uses_draft else None, rows=rows, capacity=capacity)
         with background.paused():  # no background compile beside decoding
             return batch.run(
                 ids,
                 kwargs.get("max_new_tokens", 128),
                 seeds,
+                sampling,
+                chain,
                 on_result,
                 kwargs.get("on_tokens"),
                 kwargs.get("cancel"),

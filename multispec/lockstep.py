@@ -89,10 +89,27 @@ class _Choice:
 
 
 @dataclass
-class _Row:
-    """One sequence of the batch: its prompt's index, its batch row and its session."""
+class Ask:
+    """One sequence to decode in a lockstep batch: its prompt, budget, seed and warp, and its method's chain
+    (`runs_in_lockstep`'s arguments: gamma, drafter, min_ngram, max_ngram); `on_tokens`, `cancel` and `score` as
+    `generate` takes them; `tag`: the caller's (`generate_batch`: the prompt's index)."""
 
-    index: int
+    prompt: list[int]
+    max_new_tokens: int
+    seed: int
+    sampling: Sampling
+    chain: dict
+    on_tokens: Callable[[list[int]], bool | None] | None = None
+    cancel: object = None
+    score: bool = False
+    tag: object = None
+
+
+@dataclass
+class _Row:
+    """One sequence of the batch: what was asked, its batch row and its session."""
+
+    ask: Ask
     slot: int
     session: Session
     started: float
@@ -107,50 +124,40 @@ class _Row:
     def prefilling(self) -> bool:
         return self.fed < self.session.prompt_length - 1
 
+    @property
+    def gamma(self) -> int | str:
+        return self.ask.chain["gamma"]
+
 
 class Lockstep(BatchPrices):
-    """A lockstep batch of one model pair (see the module note).
+    """A lockstep batch of one model pair (see the module note). Each row brings its own warp and chain (`Ask`), so
+    requests with different sampling, `gamma` and drafters decode together.
 
     Args:
-        target, draft: the models (draft None for `ar`, or for a copying drafter alone).
-        gamma: drafts per target call (0: `ar`), or "auto" (each row's controller chooses, `DraftLength`).
-        sampling: the warp every row samples with.
+        target, draft: the models (draft None where no row drafts with it: `ar`, copying drafters alone).
         rows: sequences decoded at once.
         capacity: entries a row holds (prompt, output and one iteration's drafts).
-        drafter, min_ngram, max_ngram: `sd`'s drafter (`multispec.drafting.DRAFTERS`) and its n-gram bounds.
+        caches: per model, the batch caches to decode in (a `Batcher` shares its own: its rows and these are
+            disjoint); None: made here, for models with batched forwards.
+
+    `run(...)` decodes a list of prompts (`generate_batch`); a driver that takes requests as they come (the
+    `Batcher`) calls `join`, `step` and `finish` itself.
     """
 
-    def __init__(
-        self,
-        target,
-        draft,
-        gamma: int | str,
-        sampling: Sampling,
-        rows: int,
-        capacity: int,
-        drafter: str = "model",
-        min_ngram: int = 1,
-        max_ngram: int = 3,
-    ):
-        if drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-        uses_draft = bool(gamma) and drafter in ("model", "hybrid")
-        if uses_draft and drafter == "model" and draft is None:
-            raise ValueError("a chain of the draft model needs a draft model")
-        self.models = {"target": target, "draft": draft if uses_draft else None}
-        self.gamma, self.sampling, self.rows, self.capacity = gamma, sampling, rows, capacity
-        self.drafter, self.ngrams = drafter, (min_ngram, max_ngram)
+    def __init__(self, target, draft, rows: int, capacity: int, caches: dict | None = None):
+        self.models = {"target": target, "draft": draft}
+        self.rows, self.capacity = rows, capacity
         self._active: set[int] = set()  # the rows in the batch (`RowLoad` prices the others' choices)
         self._init_prices()
         self._costs = None  # `gamma=auto`: one sequence's cost curves of the target and the draft (`generate`'s)
         given = {role: m for role, m in self.models.items() if m is not None}
-        self.caches = (
-            {role: m.new_batch_cache(rows, capacity + PREFILL_CHUNK + 64) for role, m in given.items()}
-            if all(batchable(m) for m in given.values())
-            else {}
-        )
+        if caches is not None:
+            self.caches = caches
+        elif all(batchable(m) for m in given.values()):
+            self.caches = {role: m.new_batch_cache(rows, capacity + PREFILL_CHUNK + 64) for role, m in given.items()}
+        else:
+            self.caches = {}
         self.stats = {"forwards": 0, "rows": 0, "seconds": 0.0, "prefill_chunks": 0, "prefill_tokens": 0}
-        self.score = False  # `run`'s: each row adds up its output's log-probability
         self.stats["other_seconds"] = 0.0  # between forwards: drawing, verifying, committing, joining
 
     def run(
@@ -158,61 +165,76 @@ class Lockstep(BatchPrices):
         prompts: list[list[int]],
         max_new_tokens: int,
         seeds: list[int],
+        sampling: Sampling,
+        chain: dict,
         on_result: Callable[[int, object], None] | None = None,
         on_tokens: Callable[[list[int]], bool | None] | None = None,
         cancel=None,
         score: bool = False,
     ) -> list:
-        """Decode every prompt (prompt i with seed `seeds[i]`): one `Result` per prompt, in order. `on_result(i,
-        result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes them, for every row (`score`'s
-        log-probabilities read from the target's logits of the decoding forwards: no forward of their own)."""
-        self.score = score
-        from .api import session_stats
-        from .likelihood import perplexity
-        from .result import Result
-
+        """Decode every prompt (prompt i with seed `seeds[i]`), each with `sampling` and `chain`: one `Result` per
+        prompt, in order. `on_result(i, result)` as each ends; `on_tokens`, `cancel`, `score` as `generate` takes
+        them, for every row (`score`'s log-probabilities read from the target's logits of the decoding forwards:
+        no forward of their own)."""
         waiting, free = deque(range(len(prompts))), list(range(self.rows))
         active: list[_Row] = []
         results: list = [None] * len(prompts)
         while waiting or active:
             while waiting and free:
-                active.append(
-                    self._join(waiting.popleft(), free.pop(0), prompts, max_new_tokens, seeds, on_tokens, cancel)
-                )
-            t0 = time.perf_counter()
-            forwards = self.stats["seconds"]
-            self._iteration(active)
-            self.stats["other_seconds"] += time.perf_counter() - t0 - (self.stats["seconds"] - forwards)
-            for row in [r for r in active if r.session.done]:
+                i = waiting.popleft()
+                ask = Ask(list(prompts[i]), max_new_tokens, seeds[i], sampling, chain, on_tokens, cancel, score, i)
+                active.append(self.join(ask, free.pop(0)))
+            for row in self.step(active):
                 active.remove(row)
-                s = row.session
-                stats = session_stats(s, time.perf_counter() - row.started)
-                stats["queue_seconds"] = 0.0
-                stats["batch_target_share_seconds"] = row.shared["target"]
-                stats["batch_draft_share_seconds"] = row.shared["draft"]
-                stats["batch_waiting_seconds"] = 0.0
-                stats["fallbacks"] = []
-                if row.controller is not None:
-                    stats["drafter_iterations"] = row.used
-                if score:
-                    stats["mean_logprob"] = row.logprob / len(s.new_tokens) if s.new_tokens else None
-                    stats["perplexity"] = perplexity([stats["mean_logprob"]])
-                target = self.models["target"]
-                results[row.index] = Result(
-                    s.new_tokens, target.decode(s.new_tokens), stats, s.tokens[: s.prompt_length]
-                )
-                self._leave(row.slot)
+                results[row.ask.tag] = self.finish(row)
                 free.append(row.slot)
                 free.sort()  # the lowest first: the batched forwards span rows 0 .. highest active
                 if on_result is not None:
-                    on_result(row.index, results[row.index])
+                    on_result(row.ask.tag, results[row.ask.tag])
         return results
 
+    def step(self, active: list[_Row]) -> list[_Row]:
+        """One iteration over the rows `active` (joined, not finished): returns those that ended."""
+        t0 = time.perf_counter()
+        forwards = self.stats["seconds"]
+        self._iteration(active)
+        self.stats["other_seconds"] += time.perf_counter() - t0 - (self.stats["seconds"] - forwards)
+        return [r for r in active if r.session.done]
+
+    def finish(self, row: _Row):
+        """A row that ended: its `Result` (as `generate` gives it); its batch row is free again."""
+        from .api import session_stats
+        from .likelihood import perplexity
+        from .result import Result
+
+        s = row.session
+        stats = session_stats(s, time.perf_counter() - row.started)
+        stats["queue_seconds"] = 0.0
+        stats["batch_target_share_seconds"] = row.shared["target"]
+        stats["batch_draft_share_seconds"] = row.shared["draft"]
+        stats["batch_waiting_seconds"] = 0.0
+        stats["fallbacks"] = []
+        if row.controller is not None:
+            stats["drafter_iterations"] = row.used
+        if row.ask.score:
+            stats["mean_logprob"] = row.logprob / len(s.new_tokens) if s.new_tokens else None
+            stats["perplexity"] = perplexity([stats["mean_logprob"]])
+        self._leave(row.slot)
+        return Result(s.new_tokens, self.models["target"].decode(s.new_tokens), stats, s.tokens[: s.prompt_length])
+
     # -- rows joining and leaving ----------------------------------------------------------------------------------
-    def _join(self, index, slot, prompts, max_new_tokens, seeds, on_tokens, cancel) -> _Row:
+    def join(self, ask: Ask, slot: int) -> _Row:
+        """Start decoding `ask` in batch row `slot` (free): its prompt is fed with the next iterations."""
+        chain = ask.chain
+        gamma, drafter = chain["gamma"], chain.get("drafter", "model")
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        uses_draft = bool(gamma) and drafter in ("model", "hybrid") and self.models["draft"] is not None
+        if bool(gamma) and drafter == "model" and not uses_draft:
+            raise ValueError("a chain of the draft model needs a draft model")
         on = {}
         for role, model in self.models.items():
-            if model is None:
+            if model is None or (role == "draft" and not uses_draft):
                 on[role] = None
             elif self.caches:
                 cache = RowKV(self.caches[role], slot)
@@ -221,15 +243,17 @@ class Lockstep(BatchPrices):
             else:
                 on[role] = model  # a cache of its own, fed one row at a time
         generator = torch.Generator(device=self.models["target"].device)
-        generator.manual_seed(seeds[index])
+        generator.manual_seed(ask.seed)
         s = Session(
-            on["target"], on["draft"], list(prompts[index]), self.sampling, max_new_tokens, generator, on_tokens, cancel
-        )
-        row = _Row(index, slot, s, time.perf_counter())
+            on["target"], on["draft"], list(ask.prompt), ask.sampling, ask.max_new_tokens, generator, ask.on_tokens,
+            ask.cancel,
+        )  # fmt: skip
+        row = _Row(ask, slot, s, time.perf_counter())
         self._active.add(slot)
-        if self.gamma:
-            row.drafter = make_drafter(self.drafter, s, tree=False, min_ngram=self.ngrams[0], max_ngram=self.ngrams[1])
-        if self.gamma == "auto":  # priced as `sd` prices it alone, against the batch's iteration in a batch
+        if gamma:
+            lo, hi = chain.get("min_ngram", 1), chain.get("max_ngram", 3)
+            row.drafter = make_drafter(drafter, s, tree=False, min_ngram=lo, max_ngram=hi)
+        if gamma == "auto":  # priced as `sd` prices it alone, against the batch's iteration in a batch
             if self._costs is None:
                 from .models.cost import forward_cost
 
@@ -239,7 +263,8 @@ class Lockstep(BatchPrices):
                     forward_cost(draft, batch_invariant=False) if draft is not None else None,
                 )
             row.controller = DraftLength(
-                *self._costs,
+                self._costs[0],
+                self._costs[1] if uses_draft else None,
                 overhead=OVERHEAD_PRIOR,
                 plain_overhead=PLAIN_OVERHEAD_PRIOR,
                 load=RowLoad(self, slot) if self.caches else None,
@@ -276,10 +301,10 @@ class Lockstep(BatchPrices):
         """Row `r`'s drafts this iteration, within the room its row has left (`Session.draft_depth`): the first
         option of its drafter (`hybrid`: a copy where one exists, else the model's chain), or with `gamma=auto`
         its controller's pick (`DraftLength.plan`), as `sd` chooses them alone."""
-        if not self.gamma:
+        if not r.gamma:
             return _Choice()
         s = r.session
-        longest = r.controller.max_gamma if r.controller is not None else self.gamma
+        longest = r.controller.max_gamma if r.controller is not None else r.gamma
         room = max(0, s.draft_depth(longest))
         if room == 0:
             return _Choice()
@@ -312,7 +337,7 @@ class Lockstep(BatchPrices):
                 break
             budget -= end - start
             part = r.session.tokens[:end]
-            for role in (role for role, model in self.models.items() if model is not None):
+            for role in (role for role in self.models if getattr(r.session, role) is not None):
                 runner = getattr(r.session, role)
                 step = runner.step([part])
                 if start == 0:  # the first piece through the fused kernel, as `generate` feeds all but the last
@@ -357,7 +382,7 @@ class Lockstep(BatchPrices):
         width = max((c.depth for c in choices), default=0)
         drafts = torch.zeros(len(rows), width, dtype=torch.long)
         draft_rows = None
-        if width and not self.sampling.greedy:
+        if width and any(not r.session.sampling.greedy for r in rows):
             vocab = self.models["target"].vocab_size
             draft_rows = torch.zeros(len(rows), width, vocab, dtype=torch.float32)
         copying = [b for b, c in enumerate(choices) if c.copied]
@@ -378,12 +403,15 @@ class Lockstep(BatchPrices):
         for i in range(max(depth, default=0)):
             live = [j for j, b in enumerate(drafting) if depth[b] > i]  # indices into `drafting` still drafting
             at = last[live] if len(live) < last.shape[0] else last
-            if self.sampling.greedy:  # one-hot rows: the verdict reads the target's argmax alone
-                tokens = argmax(at)
-            else:
-                probs = self.sampling.probs(at)
-                tokens = categorical_each(probs, [rows[drafting[j]].session.generator for j in live])
-                draft_rows[[drafting[j] for j in live], i] = probs.to(draft_rows.dtype)
+            tokens = torch.zeros(len(live), dtype=torch.long)
+            for sampling, part in _by_sampling([rows[drafting[j]] for j in live]).items():
+                logits_part = at if len(part) == len(live) else at[part]
+                if sampling.greedy:  # one-hot rows: the verdict reads the target's argmax alone
+                    tokens[part] = argmax(logits_part)
+                else:
+                    probs = sampling.probs(logits_part)
+                    tokens[part] = categorical_each(probs, [rows[drafting[live[k]]].session.generator for k in part])
+                    draft_rows[[drafting[live[k]] for k in part], i] = probs.to(draft_rows.dtype)
             drafts[[drafting[j] for j in live], i] = tokens
             feeding = [(j, k) for k, j in enumerate(live) if depth[drafting[j]] > i + 1]  # the last is never fed
             if not feeding:
@@ -400,52 +428,39 @@ class Lockstep(BatchPrices):
         return drafts, draft_rows
 
     def _verify_and_commit(self, rows, choices: list[_Choice], drafts, draft_rows, logits) -> None:
-        """The chain rule for every row at once (`verify.chain.speculative_verify`, row by row the same draws),
-        then each row's commit; a controller hears its row's acceptance."""
+        """The chain rule for every row at once, rows of one warp together (`_chain_rule`), then each row's commit;
+        a controller hears its row's acceptance."""
         n, width = len(rows), drafts.shape[1]
-        depth = [c.depth for c in choices]
-        g = torch.tensor(depth)
-        positions = torch.arange(width)
+        depth = torch.tensor([c.depth for c in choices])
         vocab = logits[0].shape[-1]
         target_logits = logits[0].new_zeros(n, width + 1, vocab)
         for b, x in enumerate(logits):  # (rows with fewer drafts are padded; their padding is never read)
             target_logits[b, : x.shape[0]] = x
-        if self.sampling.greedy:
-            best = argmax(target_logits)  # [B, G + 1]
-            passed = (drafts == best[:, :width]) & (positions < g[:, None])
-            accepted = passed.int().cumprod(1).sum(1)
-            nxt = best.gather(1, accepted[:, None])[:, 0]
-        else:
-            target_rows = self.sampling.probs(target_logits)  # [B, G + 1, V]
-            generators = [r.session.generator for r in rows]
-            if width:
-                # each row's g uniforms, as `speculative_verify` draws them (none for a row without drafts)
-                uniforms = torch.ones(n, width, dtype=target_rows.dtype)
-                for b, d in enumerate(depth):
-                    if d:
-                        uniforms[b, :d] = torch.rand(d, generator=generators[b], dtype=target_rows.dtype)
-                on_target = target_rows[:, :width].gather(-1, drafts[..., None])[..., 0]
-                on_draft = draft_rows.gather(-1, drafts[..., None])[..., 0]
-                passed = (uniforms * on_draft < on_target) & (positions < g[:, None])
-                accepted = passed.int().cumprod(1).sum(1)
-            else:
-                accepted = torch.zeros(n, dtype=torch.long)
-            every = torch.arange(n)
-            at = target_rows[every, accepted]  # [B, V]: the target after the accepted drafts
-            rejected = accepted < g
-            if bool(rejected.any()):
-                residual = (at - draft_rows[every, accepted.clamp_max(width - 1)]).clamp_min(0)
-                mass = residual.sum(-1)
-                at = torch.where((rejected & (mass > RESIDUAL_EPS))[:, None], residual, at)
-            nxt = categorical_each(at, generators)
+        accepted = torch.zeros(n, dtype=torch.long)
+        nxt = torch.zeros(n, dtype=torch.long)
+        for sampling, part in _by_sampling(rows).items():
+            if len(part) == n:  # (one warp for the whole batch, the usual case: no copies of the rows)
+                accepted, nxt = _chain_rule(
+                    sampling, drafts, draft_rows, target_logits, depth, [r.session.generator for r in rows]
+                )
+                break
+            index = torch.tensor(part)
+            accepted[index], nxt[index] = _chain_rule(
+                sampling,
+                drafts[index],
+                draft_rows[index] if draft_rows is not None else None,
+                target_logits[index],
+                depth[index],
+                [rows[b].session.generator for b in part],
+            )
         logprobs = None
-        if self.score:  # log target(token | prefix), unwarped, of each token a row may commit: its drafts, then next
-            chosen = torch.cat([drafts, drafts.new_zeros(n, 1)], 1)
+        if any(r.ask.score for r in rows):  # log target(token | prefix), unwarped, of each token a row may commit
+            chosen = torch.cat([drafts, drafts.new_zeros(n, 1)], 1)  # its drafts, then the next token
             chosen[torch.arange(n), accepted] = nxt
             picked = target_logits.gather(-1, chosen[..., None])[..., 0].double()
             logprobs = picked - torch.logsumexp(target_logits.double(), -1)  # [B, G + 1]
         for b, r in enumerate(rows):
-            s, d, k = r.session, depth[b], int(accepted[b])
+            s, d, k = r.session, int(depth[b]), int(accepted[b])
             before = len(s.new_tokens)
             if d == 0:
                 s.commit(Verdict.token(int(nxt[b])))
@@ -457,8 +472,68 @@ class Lockstep(BatchPrices):
                     r.controller.observe(choices[b].key, d, k)
                 if choices[b].copied is None:  # the draft keeps the accepted drafts it was fed (all but the last)
                     s.draft.commit(context + len(verdict.new_tokens), [list(range(min(k, d - 1)))])
-            if logprobs is not None:  # the tokens committed (a stop or the budget may cut the verdict short)
+            if logprobs is not None and r.ask.score:  # the tokens committed (a stop or the budget may cut it short)
                 r.logprob += float(logprobs[b, : len(s.new_tokens) - before].sum())
+
+
+def _by_sampling(rows: list[_Row]) -> dict[Sampling, list[int]]:
+    """The rows' indices grouped by their warp, in order: rows of one warp are drawn and verified together."""
+    groups: dict[Sampling, list[int]] = {}
+    for b, r in enumerate(rows):
+        groups.setdefault(r.session.sampling, []).append(b)
+    return groups
+
+
+def _chain_rule(
+    sampling: Sampling,
+    drafts: torch.Tensor,
+    draft_rows: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    depth: torch.Tensor,
+    generators: list[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`verify.chain.speculative_verify` for B rows of one warp at once, each row's draws from its own generator in
+    the order `speculative_verify` takes them (its drafts' uniforms, then the residual's or bonus token's).
+
+    Args:
+        sampling: the rows' warp.
+        drafts: [B, G] each row's drafts (padded past its depth).
+        draft_rows: [B, G, V] the warped draft rows they were drawn from (one-hot for copies); None when greedy.
+        target_logits: [B, G + 1, V] the target's after the pending token and after each draft.
+        depth: [B] each row's drafts (0: a plain target step).
+        generators: B, one per row.
+
+    Returns:
+        accepted [B] (drafts accepted) and next [B] (the token after them: a residual's, the bonus, or a step's).
+    """
+    n, width = drafts.shape
+    positions = torch.arange(width)
+    if sampling.greedy:
+        best = argmax(target_logits)  # [B, G + 1]
+        passed = (drafts == best[:, :width]) & (positions < depth[:, None])
+        accepted = passed.int().cumprod(1).sum(1)
+        return accepted, best.gather(1, accepted[:, None])[:, 0]
+    target_rows = sampling.probs(target_logits)  # [B, G + 1, V]
+    if width:
+        # each row's uniforms, as `speculative_verify` draws them (none for a row without drafts)
+        uniforms = torch.ones(n, width, dtype=target_rows.dtype)
+        for b, d in enumerate(depth.tolist()):
+            if d:
+                uniforms[b, :d] = torch.rand(d, generator=generators[b], dtype=target_rows.dtype)
+        on_target = target_rows[:, :width].gather(-1, drafts[..., None])[..., 0]
+        on_draft = draft_rows.gather(-1, drafts[..., None])[..., 0]
+        passed = (uniforms * on_draft < on_target) & (positions < depth[:, None])
+        accepted = passed.int().cumprod(1).sum(1)
+    else:
+        accepted = torch.zeros(n, dtype=torch.long)
+    every = torch.arange(n)
+    at = target_rows[every, accepted]  # [B, V]: the target after the accepted drafts
+    rejected = accepted < depth
+    if bool(rejected.any()):
+        residual = (at - draft_rows[every, accepted.clamp_max(width - 1)]).clamp_min(0)
+        mass = residual.sum(-1)
+        at = torch.where((rejected & (mass > RESIDUAL_EPS))[:, None], residual, at)
+    return accepted, categorical_each(at, generators)
 
 
 def runs_in_lockstep(target, draft, method: str, params: dict, sampling: Sampling) -> dict | None:
