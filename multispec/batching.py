@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .batchload import BatchPrices, RowLoad
-from .lockstep import Lockstep, batchable, runs_in_lockstep
+from .lockstep import Ask, Lockstep, batchable, runs_in_lockstep
 from .machine import one_thread_here
 from .models.base import LanguageModel, ModelView
 from .models.static import RowKV
@@ -53,6 +53,18 @@ LONE_GENERATIONS = 1
 
 class Cancelled(Exception):
     """A generation cancelled (its `cancel` event set) before a row was free for it."""
+
+
+@dataclass(eq=False)
+class _Asked:
+    """A generation that decodes in the batch's lockstep rows: what it asks, then its `Result` or its error."""
+
+    ask: Ask
+    done: threading.Event = field(default_factory=threading.Event)
+    since: float = field(default_factory=time.perf_counter)
+    waited: float = 0.0  # seconds until a row was free for it
+    result: Any = None
+    error: BaseException | None = None
 
 
 @dataclass
@@ -242,6 +254,11 @@ class Batcher(BatchPrices):
         self.stats.update(stalls=0, stall_seconds=0.0, stall_max=0.0, prefill_chunks=0, prefill_tokens=0)
         self.stats["prefill_shared"] = 0  # batched forwards that fed prompts' chunks and decoding rows together
         self._prefilling: dict[str, list[_Feed]] = {}  # per model: prompts fed in chunks, in arrival order
+        # chains (`ar`, `sd`) decode in lockstep on the same caches, their rows taken from the same free list, one
+        # lockstep iteration per scheduler round: waiting for a row, and in a row (by batch row)
+        self._lockstep = Lockstep(target, draft, rows, capacity, caches=self.caches)
+        self._asks: list[_Asked] = []
+        self._stepping: dict[int, tuple[Any, _Asked]] = {}
         self._thread: threading.Thread | None = None
         self._own_thread = scheduler  # (a driven scheduler's thread is its caller's, not joined by `close`)
         if scheduler:
@@ -267,6 +284,9 @@ class Batcher(BatchPrices):
         room = len(prompt) + kwargs.get("max_new_tokens", 128) + (iteration or 0)
         if self.batched and (iteration is None or room > self.capacity):
             return self._generate_beside(prompt, method, kwargs)
+        ask = self._lockstep_ask(prompt, method, kwargs)
+        if ask is not None:
+            return self._generate_in_lockstep(ask, kwargs.get("cancel"))
         asked = time.perf_counter()
         row = self._take_row(kwargs.get("cancel"))
         if row is None:
@@ -286,6 +306,64 @@ class Batcher(BatchPrices):
         result.stats["batch_draft_share_seconds"] = draft.shared if draft is not None else 0.0
         result.stats["batch_waiting_seconds"] = max(0.0, sum(m.called - m.ran for m in models))
         return result
+
+    def _lockstep_ask(self, prompt: list[int], method: str, kwargs: dict) -> Ask | None:
+        """The request as a lockstep row (`Ask`) when its method runs in lockstep (`runs_in_lockstep`), else None.
+        Checked here, on the asking thread, as `generate` checks it: a bad request raises before it waits."""
+        from .api import _prompt_ids, check_compatible, validate_request
+        from .params import parse_method
+
+        name, given = parse_method(method)
+        seed = kwargs.get("seed", 0)
+        _, params, sampling = validate_request(
+            name,
+            kwargs.get("max_new_tokens", 128),
+            kwargs.get("temperature", 1.0),
+            kwargs.get("top_k", 0),
+            kwargs.get("top_p", 1.0),
+            {**given, **{k: v for k, v in kwargs.items() if k not in _GENERATE_ARGS}},
+            seed,
+        )
+        target, draft = self.models["target"], self.models["draft"]
+        chain = runs_in_lockstep(target, draft, name, params, sampling)
+        if chain is None:
+            return None
+        prompt = _prompt_ids(target, prompt, False)  # (token ids by now: this checks them)
+        if target.max_length is not None and len(prompt) >= target.max_length:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of "
+                f"{target.max_length}"
+            )
+        if chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid"):
+            check_compatible(target, draft)
+        return Ask(
+            prompt,
+            kwargs.get("max_new_tokens", 128),
+            seed if seed is not None else int(torch.seed() % 2**63),
+            sampling,
+            chain,
+            kwargs.get("on_tokens"),
+            kwargs.get("cancel"),
+            kwargs.get("score", True),
+        )
+
+    def _generate_in_lockstep(self, ask: Ask, cancel):
+        """Decode `ask` in the batch's lockstep rows (the scheduler runs them): its `Result`."""
+        asked = _Asked(ask)
+        with self._lock:
+            self._check_open()
+            self._asks.append(asked)
+            self._lock.notify_all()
+        while not asked.done.wait(0.1):
+            if cancel is not None and cancel.is_set():
+                with self._lock:
+                    if asked in self._asks:  # still waiting for a row
+                        self._asks.remove(asked)
+                        raise Cancelled("cancelled while waiting for a row")
+        if asked.error is not None:
+            raise asked.error
+        asked.result.stats["queue_seconds"] = asked.waited
+        return asked.result
 
     def _generate_beside(self, prompt: list[int], method: str, kwargs: dict):
         """A generation beside the batch: on stand-ins without a batch row, whose caches are their own and whose
@@ -343,10 +421,20 @@ class Batcher(BatchPrices):
             self._closed = True
             feeds = [*self._waiting, *(f for _, f in self._alone), *(f for p in self._prefilling.values() for f in p)]
             self._waiting, self._alone, self._prefilling = [], [], {}
+            asks = [*self._asks, *(a for _, a in self._stepping.values())]
+            self._asks, self._stepping = [], {}
             self._lock.notify_all()
         for feed in feeds:
             feed.error = error
             feed.done.set()
+        for asked in asks:
+            asked.error = error
+            asked.done.set()
+
+    @property
+    def active_rows(self) -> int:
+        """Sequences decoding in the batch now (in threads and in lockstep)."""
+        return len(self._active) + len(self._stepping)
 
     def close(self) -> None:
         with self._lock:
@@ -406,10 +494,25 @@ class Batcher(BatchPrices):
     def _schedule(self) -> None:
         while True:
             with self._lock:
-                while not (self._waiting or self._alone or self._closed or self._prefills()):
+                while not (
+                    self._waiting
+                    or self._alone
+                    or self._closed
+                    or self._prefills()
+                    or self._stepping
+                    or (self._asks and self._free)
+                ):
                     self._lock.wait()
-                if self._closed and not (self._waiting or self._alone or self._prefills()):
+                if self._closed:  # what has no row yet will not get one
+                    for asked in self._asks:
+                        asked.error = RuntimeError("this batch is closed")
+                        asked.done.set()
+                    self._asks = []
+                if self._closed and not (self._waiting or self._alone or self._prefills() or self._stepping):
                     return
+                admitted = []
+                while self._asks and self._free:  # the lowest free row first, as `_take_row` takes it
+                    admitted.append((self._asks.pop(0), self._free.pop(0)))
                 # once a feed waits, give the other active rows a moment to send theirs (they verify between
                 # forwards): a fuller batch costs about what a thin one does
                 deadline = time.monotonic() + (WAIT_SECONDS if self.batched else 0.0)
@@ -424,6 +527,8 @@ class Batcher(BatchPrices):
                 alone, self._alone = self._alone, []
             for work, feed in alone:
                 self._run(feed, work)
+            for asked, row in admitted:
+                self._join_lockstep(asked, row)
             batched: dict[str, list[_Feed]] = {}
             for feed in feeds:
                 tokens = feed.args[0]
@@ -446,9 +551,50 @@ class Batcher(BatchPrices):
                     self._run_rows(role, part)
             for part in chunks.values():
                 self._join_chunks(part)
+            if self._stepping:
+                self._step_lockstep()
             if held:
                 with self._lock:
                     self._waiting[:0] = held
+
+    def _join_lockstep(self, asked: _Asked, row: int) -> None:
+        asked.waited = time.perf_counter() - asked.since
+        try:
+            self._stepping[row] = (self._lockstep.join(asked.ask, row), asked)
+        except Exception as e:  # noqa: BLE001 - the request's own error, reported to it
+            asked.error = e
+            asked.done.set()
+            self._give_row(row)
+
+    def _step_lockstep(self) -> None:
+        """One lockstep iteration over the batch's lockstep rows (`Lockstep.step`); the rows that ended leave with
+        their results. If the iteration fails, every row in it gets the error, and the batch goes on."""
+        from .models.hf import background
+
+        lockstep = self._lockstep
+        before = dict(lockstep.stats)
+        rows = [row for row, _ in self._stepping.values()]
+        try:
+            with background.paused():  # no background compile beside decoding
+                ended = lockstep.step(rows)
+        except Exception as e:  # noqa: BLE001 - reported to the generations it belonged to
+            ended, failed = rows, e
+        else:
+            failed = None
+        for key in ("forwards", "rows", "seconds", "prefill_chunks", "prefill_tokens"):
+            self.stats[key] += lockstep.stats[key] - before[key]
+        for row in ended:
+            _, asked = self._stepping.pop(row.slot)
+            try:
+                if failed is not None:
+                    raise failed
+                asked.result = lockstep.finish(row)
+            except Exception as e:  # noqa: BLE001 - the request's own error, reported to it
+                asked.error = e
+                lockstep._leave(row.slot)
+            finally:
+                self._give_row(row.slot)
+                asked.done.set()
 
     def _prefills(self) -> bool:
         return any(self._prefilling.values())
@@ -560,7 +706,7 @@ class Batcher(BatchPrices):
         feed.ran = feed.shared = time.perf_counter() - start
         # the rows waited for it: every active row for a generation beside the batch; the others for a row's own
         # forward on another cache (not for a head's step, which runs beside its row's)
-        held = bool(self._active) if feed.beside else (len(self._active) > 1 and feed.role != "draft")
+        held = bool(self.active_rows) if feed.beside else (self.active_rows > 1 and feed.role != "draft")
         if held:
             seconds = time.perf_counter() - start
             self.stats["stalls"] += 1

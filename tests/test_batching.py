@@ -111,9 +111,13 @@ def test_a_random_stream_shared_by_the_rows_changes_their_tokens(pair, monkeypat
     assert got != want
 
 
-def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, monkeypatch):
-    # known-wrong: a row's verdict (its cache cut back to the entries it accepted) committed to its neighbour's row
+@pytest.mark.parametrize("engine", ["threaded", "lockstep"])
+def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, monkeypatch, engine):
+    # known-wrong: a row's verdict (its cache cut back to the entries it accepted) committed to its neighbour's row,
+    # in a row of the threaded batch (`RowModel`) and in a lockstep row (`OnRow`)
+    import multispec.batching as batching
     from multispec.batching import RowModel
+    from multispec.lockstep import OnRow
 
     want = _alone(pair, "sd:gamma=3", 0.0)
 
@@ -122,7 +126,16 @@ def test_a_verdict_committed_to_another_rows_cache_changes_their_tokens(pair, mo
         other = views.get(self._row ^ 1) if cache is self._row_cache else None
         self._model.crop(cache if other is None else other, length)
 
-    monkeypatch.setattr(RowModel, "crop", crop)
+    def crop_on_row(self, cache, length):
+        views = getattr(cache, "batch", None) and cache.batch.views
+        other = views.get(cache.row ^ 1) if views else None
+        self._model.crop(other if other is not None and length else cache, length)
+
+    if engine == "threaded":
+        monkeypatch.setattr(batching, "runs_in_lockstep", lambda *args: None)
+        monkeypatch.setattr(RowModel, "crop", crop)
+    else:
+        monkeypatch.setattr(OnRow, "crop", crop_on_row)
     batcher = Batcher(*pair, rows=len(PROMPTS) + 1, capacity=256)
     try:
         got = _run(batcher, PROMPTS, "sd:gamma=3", 0.0)
@@ -178,7 +191,8 @@ def test_long_prompts_are_fed_in_chunks_beside_the_decoding_rows(pair, monkeypat
 
     monkeypatch.setattr(batching, "PREFILL_CHUNK", 4)
     monkeypatch.setattr(batching, "PREFILL_TOKENS", 8)
-    method = "sd:gamma=3"
+    monkeypatch.setattr(batching, "runs_in_lockstep", lambda *args: None)  # the threaded rows' chunks (lockstep's:
+    method = "sd:gamma=3"  # tests/test_lockstep.py)
     alone = Batcher(*pair, rows=1, capacity=256)
     try:
         want = [_run(alone, [p], method, temperature, seeds=[100 + i])[0] for i, p in enumerate(LONG)]
@@ -520,3 +534,70 @@ def test_a_reduced_draft_vocabulary_runs_its_rows_together_on_the_cut_head(pair,
     ]
     assert [r.token_ids for r in got] == want
     assert fed and max(fed) > 1  # the rows' draft steps ran in one forward on the cut head
+
+
+def test_requests_of_mixed_methods_and_warps_arriving_one_by_one_get_generates_tokens(pair):
+    # the server's path: requests arrive one by one, each with its own method and warp; chains decode in the
+    # batch's lockstep rows, a tree in a threaded row beside them, on the same caches; each gets the tokens
+    # `generate` gives it alone with its seed (greedy for `gamma=auto`, whose choices read the batch's prices)
+    asks = [
+        (PROMPTS[0], "ar", {"temperature": 1.0}),
+        (PROMPTS[1], "sd:gamma=3", {"temperature": 0.7, "top_p": 0.9}),
+        (PROMPTS[2], "sd:gamma=2,drafter=lookup", {"temperature": 1.0, "top_k": 20}),
+        (PROMPTS[3], None, {"temperature": 0.0}),
+        (PROMPTS[4], "mcsd:k_config=2x1", {"temperature": 1.0}),
+        (PROMPTS[1] * 3, "sd:gamma=1", {"temperature": 1.0}),
+        (PROMPTS[0] * 2, "sd:gamma=auto,drafter=suffix", {"temperature": 0.0}),
+    ]
+    kwargs = {"max_new_tokens": 12, "score": False}
+    want = [generate(*pair, p, m, seed=50 + i, **kwargs, **w).token_ids for i, (p, m, w) in enumerate(asks)]
+    batcher = Batcher(*pair, rows=4, capacity=256)
+    got, errors = {}, []
+    delays = random.Random(3).choices([0.0, 0.02, 0.05, 0.1], k=len(asks))
+
+    def one(i):
+        time.sleep(delays[i])
+        prompt, method, warp = asks[i]
+        try:
+            got[i] = batcher.generate(prompt, method, seed=50 + i, **kwargs, **warp).token_ids
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(asks))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert [got[i] for i in range(len(asks))] == want
+        assert (
+            batcher._lockstep.stats["forwards"] > 0 and batcher.stats["forwards"] > batcher._lockstep.stats["forwards"]
+        )
+    finally:
+        batcher.close()
+
+
+def test_a_request_cancelled_while_it_waits_for_a_lockstep_row_leaves_the_queue(pair):
+    batcher = Batcher(*pair, rows=1, capacity=256)
+    cancel = threading.Event()
+    try:
+        ended = threading.Event()  # the first request holds the only row until the test lets it end
+        first = threading.Thread(
+            target=batcher.generate,
+            args=(PROMPTS[0], "ar"),
+            kwargs={"max_new_tokens": 200, "score": False, "temperature": 0, "cancel": ended},
+        )
+        first.start()
+        deadline = time.monotonic() + 60
+        while not batcher.active_rows and time.monotonic() < deadline:
+            time.sleep(0.001)
+        threading.Timer(0.2, cancel.set).start()
+        with pytest.raises(Cancelled, match="waiting for a row"):
+            batcher.generate(PROMPTS[1], "ar", max_new_tokens=4, cancel=cancel)
+        assert not batcher._asks and batcher.active_rows == 1
+        ended.set()
+        first.join(120)
+        assert not batcher.active_rows
+    finally:
+        batcher.close()

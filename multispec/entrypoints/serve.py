@@ -196,7 +196,7 @@ class Metrics:
 
         r = self.registry
         Gauge("multispec_batch_rows", "Sequences decoding in the batch now", registry=r).set_function(
-            lambda: len(batcher._active)
+            lambda: batcher.active_rows
         )
         Gauge("multispec_batch_forwards", "Batched forwards so far", registry=r).set_function(
             lambda: batcher.stats["forwards"]

@@ -307,12 +307,14 @@ def test_load_8_streaming_clients_x_4_requests(server):
 def test_a_failure_inside_generation_is_a_500_without_traceback(server, monkeypatch):
     import multispec.api
     import multispec.entrypoints.serve
+    import multispec.lockstep
 
     def broken(*args, **kwargs):
         raise RuntimeError("a secret internal detail")
 
     monkeypatch.setattr(multispec.entrypoints.serve, "generate", broken)
     monkeypatch.setattr(multispec.api, "generate", broken)  # (batched requests call it through the batch)
+    monkeypatch.setattr(multispec.lockstep.Lockstep, "step", broken)  # (and chains decode in its lockstep rows)
     got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
     assert got == 500 and json.loads(text)["error"]["message"] == "internal error (RuntimeError)"
     assert "secret" not in text and "Traceback" not in text
@@ -341,6 +343,7 @@ def test_a_value_error_inside_generation_is_a_500_that_names_only_its_type(serve
 
     monkeypatch.setattr(multispec.entrypoints.serve, "generate", broken)
     monkeypatch.setattr(multispec.api, "generate", broken)  # (batched requests call it through the batch)
+    monkeypatch.setattr(multispec.lockstep.Lockstep, "step", broken)  # (and chains decode in its lockstep rows)
     got, text = server.request("POST", "/v1/completions", json.dumps({"model": "multispec", "prompt": "hi"}).encode())
     assert got == 500 and json.loads(text)["error"]["message"] == "internal error (ValueError)"
     assert "secret" not in text
