@@ -582,11 +582,13 @@ def test_a_request_cancelled_while_it_waits_for_a_lockstep_row_leaves_the_queue(
     batcher = Batcher(*pair, rows=1, capacity=256)
     cancel = threading.Event()
     try:
-        ended = threading.Event()  # the first request holds the only row until the test lets it end
+        # the first request holds the only row: its first piece of output waits (on the batch's thread) until
+        # the test lets it go
+        release = threading.Event()
         first = threading.Thread(
             target=batcher.generate,
             args=(PROMPTS[0], "ar"),
-            kwargs={"max_new_tokens": 200, "score": False, "temperature": 0, "cancel": ended},
+            kwargs={"max_new_tokens": 8, "score": False, "on_tokens": lambda tokens: not release.wait(60)},
         )
         first.start()
         deadline = time.monotonic() + 60
@@ -596,7 +598,7 @@ def test_a_request_cancelled_while_it_waits_for_a_lockstep_row_leaves_the_queue(
         with pytest.raises(Cancelled, match="waiting for a row"):
             batcher.generate(PROMPTS[1], "ar", max_new_tokens=4, cancel=cancel)
         assert not batcher._asks and batcher.active_rows == 1
-        ended.set()
+        release.set()
         first.join(120)
         assert not batcher.active_rows
     finally:

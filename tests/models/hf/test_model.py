@@ -258,7 +258,8 @@ def test_bfloat16_scoring_is_batch_invariant(monkeypatch):
     # a token's logits do not depend on how many tokens, or which tree, were scored with it: greedy
     # speculative decoding in bfloat16 then gives greedy ar's tokens
     model = _bf16_llama()
-    assert model.min_rows == hf.invariant_rows(model.model) >= 1
+    with model._eager_kernels():  # (measured with the kernels its eager steps run: ours where they are chosen)
+        assert model.min_rows == hf.invariant_rows(model.model) >= 1
     assert _nodes_differing_from_one_token_steps(model) == 0
     # the known-wrong variant: unpadded one-row products and few-row attention
     monkeypatch.setattr(static, "query_rows", lambda *shapes: 1)
