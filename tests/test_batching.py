@@ -603,3 +603,65 @@ def test_a_request_cancelled_while_it_waits_for_a_lockstep_row_leaves_the_queue(
         assert not batcher.active_rows
     finally:
         batcher.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", [False, True])
+def test_requests_arriving_one_by_one_among_other_methods_follow_the_target_law(monkeypatch, wrong):
+    # the checker's test on the server's path: `sd:gamma=2` and default-method requests (T = 1) arrive at random
+    # times into a batch of 4 rows where `ar` requests of other prompts, lengths and warps decode too; the counted
+    # outputs follow the exact law. Known-wrong: after a rejection the next token drawn from the target's row, not
+    # the residual, fails the same test
+    import numpy as np
+
+    from multispec import lockstep
+    from multispec.models.markov import random_markov_pair
+    from multispec.tools.check import chi_square
+
+    if wrong:
+        monkeypatch.setattr(lockstep, "RESIDUAL_EPS", float("inf"))
+    vocab, n = 4, 3
+    target, draft = random_markov_pair(vocab, n + 1, seed=5)
+    exact = target.sequence_distribution([1], n)[1].numpy()
+    runs = 1200
+    asks = []
+    for i in range(2 * runs):
+        asks.append(("counted", "sd:gamma=2" if i % 2 else None, [1], n, {"temperature": 1.0}))
+        if i % 3 == 0:
+            asks.append(("other", "ar", [i % vocab], 1 + i % n, {"temperature": 0.7, "top_k": 3}))
+    rng = random.Random(11)
+    delays = [rng.choice([0.0, 0.0, 0.0005, 0.002]) for _ in asks]
+    counts = {None: np.zeros(vocab**n, dtype=np.int64), "sd:gamma=2": np.zeros(vocab**n, dtype=np.int64)}
+    weights = vocab ** np.arange(n - 1, -1, -1)
+    lock, errors = threading.Lock(), []
+    batcher = Batcher(target, draft, rows=4, capacity=16)
+
+    def client(k):
+        for j in range(k, len(asks), 8):
+            time.sleep(delays[j])
+            kind, method, prompt, tokens, warp = asks[j]
+            try:
+                out = batcher.generate(prompt, method, max_new_tokens=tokens, seed=1000 + j, score=False, **warp)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+                return
+            if kind == "counted":
+                with lock:
+                    counts[method][int(np.dot(out.token_ids, weights))] += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        batcher.close()
+    assert not errors, errors
+    assert batcher._lockstep.stats["forwards"] > 0
+    p_values = [chi_square(c, exact)[2] for c in counts.values()]
+    assert all(c.sum() == runs for c in counts.values())
+    if wrong:
+        assert min(p_values) < 1e-3, p_values
+    else:
+        assert min(p_values) > 1e-3, p_values
