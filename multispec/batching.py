@@ -310,20 +310,12 @@ class Batcher(BatchPrices):
     def _lockstep_ask(self, prompt: list[int], method: str, kwargs: dict) -> Ask | None:
         """The request as a lockstep row (`Ask`) when its method runs in lockstep (`runs_in_lockstep`), else None.
         Checked here, on the asking thread, as `generate` checks it: a bad request raises before it waits."""
-        from .api import _prompt_ids, check_compatible, validate_request
+        from .api import _prompt_ids, check_compatible
         from .params import parse_method
 
         name, given = parse_method(method)
         seed = kwargs.get("seed", 0)
-        _, params, sampling = validate_request(
-            name,
-            kwargs.get("max_new_tokens", 128),
-            kwargs.get("temperature", 1.0),
-            kwargs.get("top_k", 0),
-            kwargs.get("top_p", 1.0),
-            {**given, **{k: v for k, v in kwargs.items() if k not in _GENERATE_ARGS}},
-            seed,
-        )
+        params, sampling = _checked(name, given, kwargs, seed)
         target, draft = self.models["target"], self.models["draft"]
         chain = runs_in_lockstep(target, draft, name, params, sampling)
         if chain is None:
@@ -803,7 +795,7 @@ def generate_batch(
     Raises:
         ValueError: no prompts, a bad `rows`, or a bad request (as `generate` names it).
     """
-    from .api import _prompt_ids, validate_request
+    from .api import _prompt_ids
     from .params import DEFAULT_METHOD, parse_method
 
     if isinstance(prompts, str) or not prompts:
@@ -814,15 +806,7 @@ def generate_batch(
     ids = [_prompt_ids(target, prompt, chat) for prompt in prompts]
     method = method or DEFAULT_METHOD
     name, given = parse_method(method)
-    _, params, sampling = validate_request(  # once, before any thread starts
-        name,
-        kwargs.get("max_new_tokens", 128),
-        kwargs.get("temperature", 1.0),
-        kwargs.get("top_k", 0),
-        kwargs.get("top_p", 1.0),
-        {**given, **{k: v for k, v in kwargs.items() if k not in _GENERATE_ARGS}},
-        None if seed is None else seed + len(ids) - 1,
-    )
+    params, sampling = _checked(name, given, kwargs, None if seed is None else seed + len(ids) - 1)  # before threads
     rows = min(len(ids), rows or MAX_BATCH)
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + (iteration_entries(name, given, kwargs) or 0)
     chain = runs_in_lockstep(target, draft, name, params, sampling)
@@ -883,6 +867,23 @@ def generate_batch(
 _GENERATE_ARGS = frozenset(
     {"max_new_tokens", "temperature", "top_k", "top_p", "on_tokens", "score", "cancel", "chat", "seed"}
 )
+
+
+def _checked(name: str, given: dict, kwargs: dict, seed) -> tuple[dict, object]:
+    """A request's method parameters and warp, checked as `generate` checks them (`api.validate_request`); `kwargs`
+    holds `generate`'s arguments and the method's parameters together."""
+    from .api import validate_request
+
+    _, params, sampling = validate_request(
+        name,
+        kwargs.get("max_new_tokens", 128),
+        kwargs.get("temperature", 1.0),
+        kwargs.get("top_k", 0),
+        kwargs.get("top_p", 1.0),
+        {**given, **{k: v for k, v in kwargs.items() if k not in _GENERATE_ARGS}},
+        seed,
+    )
+    return params, sampling
 
 
 def iteration_entries(method: str, given: dict, kwargs: dict) -> int | None:
