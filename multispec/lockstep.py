@@ -119,6 +119,7 @@ class _Row:
     drafter: Drafter | None = None  # its options each iteration (the draft model's chain, a copy)
     controller: DraftLength | None = None  # `gamma=auto`'s
     used: dict = field(default_factory=dict)  # `gamma=auto`: iterations per drafter kind ("none": a plain step)
+    failed: list = field(default_factory=list)  # what its `on_tokens` raised (it ended the row; `finish` raises it)
 
     @property
     def prefilling(self) -> bool:
@@ -202,11 +203,15 @@ class Lockstep(BatchPrices):
         return [r for r in active if r.session.done]
 
     def finish(self, row: _Row):
-        """A row that ended: its `Result` (as `generate` gives it); its batch row is free again."""
+        """A row that ended: its `Result` (as `generate` gives it); its batch row is free again. Raises what its
+        `on_tokens` raised, as `generate` would."""
         from .api import session_stats
         from .likelihood import perplexity
         from .result import Result
 
+        if row.failed:
+            self._leave(row.slot)
+            raise row.failed[0]
         s = row.session
         stats = session_stats(s, time.perf_counter() - row.started)
         stats["queue_seconds"] = 0.0
@@ -244,11 +249,21 @@ class Lockstep(BatchPrices):
                 on[role] = model  # a cache of its own, fed one row at a time
         generator = torch.Generator(device=self.models["target"].device)
         generator.manual_seed(ask.seed)
+        failed: list[BaseException] = []
+
+        def on_tokens(tokens: list[int], call=ask.on_tokens):
+            # a caller's callback that raises ends its own row, not the iteration of every row
+            try:
+                return call(tokens)
+            except Exception as e:  # noqa: BLE001 - raised again by `finish`, to this row's caller
+                failed.append(e)
+                return True
+
         s = Session(
-            on["target"], on["draft"], list(ask.prompt), ask.sampling, ask.max_new_tokens, generator, ask.on_tokens,
-            ask.cancel,
+            on["target"], on["draft"], list(ask.prompt), ask.sampling, ask.max_new_tokens, generator,
+            on_tokens if ask.on_tokens is not None else None, ask.cancel,
         )  # fmt: skip
-        row = _Row(ask, slot, s, time.perf_counter())
+        row = _Row(ask, slot, s, time.perf_counter(), failed=failed)
         self._active.add(slot)
         if gamma:
             lo, hi = chain.get("min_ngram", 1), chain.get("max_ngram", 3)

@@ -665,3 +665,34 @@ def test_requests_arriving_one_by_one_among_other_methods_follow_the_target_law(
         assert min(p_values) < 1e-3, p_values
     else:
         assert min(p_values) > 1e-3, p_values
+
+
+def test_a_requests_failing_callback_ends_its_own_row_only(pair):
+    # in lockstep every row's `on_tokens` runs on the batch's thread: one that raises fails its own request (as
+    # `generate` raises it), while the row beside it decodes on to `generate`'s tokens
+    want = generate(*pair, PROMPTS[1], "sd:gamma=2", max_new_tokens=12, temperature=1.0, seed=8, score=False)
+    batcher = Batcher(*pair, rows=2, capacity=256)
+    got, errors = {}, []
+
+    def broken(tokens):
+        raise KeyError("the caller's own bug")
+
+    def one(name, prompt, **kwargs):
+        try:
+            got[name] = batcher.generate(prompt, "sd:gamma=2", max_new_tokens=12, score=False, **kwargs).token_ids
+        except KeyError as e:
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=one, args=("broken", PROMPTS[0]), kwargs={"on_tokens": broken}),
+        threading.Thread(target=one, args=("fine", PROMPTS[1]), kwargs={"temperature": 1.0, "seed": 8}),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(errors) == 1 and "the caller's own bug" in str(errors[0])
+        assert got == {"fine": want.token_ids} and not batcher.active_rows
+    finally:
+        batcher.close()
