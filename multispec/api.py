@@ -253,11 +253,7 @@ def generate(
         check_compatible(target, draft)
     vocab = params.pop("draft_vocab", None)  # a property of the draft, set on the session before the run
     prompt_ids = _prompt_ids(target, prompt, chat)
-    room = target.max_length
-    if room is not None and len(prompt_ids) >= room:
-        raise ValueError(
-            f"the prompt has {len(prompt_ids)} tokens, which leaves no room in {target.name!r}'s context of {room}"
-        )
+    check_room(target, prompt_ids)
     device = target.device
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
@@ -312,6 +308,15 @@ def validate_request(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return spec, params, sampling
+
+
+def check_room(target: LanguageModel, prompt_ids: list[int], what: str = "the prompt") -> None:
+    """Raise a ValueError naming `what` when the prompt leaves no room for an answer in the target's context."""
+    room = target.max_length
+    if room is not None and len(prompt_ids) >= room:
+        raise ValueError(
+            f"{what} has {len(prompt_ids)} tokens, which leaves no room in {target.name!r}'s context of {room}"
+        )
 
 
 def _prompt_ids(target: LanguageModel, prompt, chat: bool) -> list[int]:

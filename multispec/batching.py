@@ -310,7 +310,7 @@ class Batcher(BatchPrices):
     def _lockstep_ask(self, prompt: list[int], method: str, kwargs: dict) -> Ask | None:
         """The request as a lockstep row (`Ask`) when its method runs in lockstep (`runs_in_lockstep`), else None.
         Checked here, on the asking thread, as `generate` checks it: a bad request raises before it waits."""
-        from .api import _prompt_ids, check_compatible
+        from .api import _prompt_ids, check_compatible, check_room
         from .params import parse_method
 
         name, given = parse_method(method)
@@ -321,11 +321,7 @@ class Batcher(BatchPrices):
         if chain is None:
             return None
         prompt = _prompt_ids(target, prompt, False)  # (token ids by now: this checks them)
-        if target.max_length is not None and len(prompt) >= target.max_length:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of "
-                f"{target.max_length}"
-            )
+        check_room(target, prompt)
         if chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid"):
             check_compatible(target, draft)
         return Ask(
@@ -811,18 +807,14 @@ def generate_batch(
     capacity = max(map(len, ids)) + kwargs.get("max_new_tokens", 128) + (iteration_entries(name, given, kwargs) or 0)
     chain = runs_in_lockstep(target, draft, name, params, sampling)
     if chain is not None:  # chains, the work besides forwards for all rows at once
-        from .api import check_compatible
+        from .api import check_compatible, check_room
         from .models.hf import background
 
         uses_draft = chain["gamma"] and draft is not None and chain["drafter"] in ("model", "hybrid")
         if uses_draft:
             check_compatible(target, draft)
-        room = target.max_length
         for i, prompt in enumerate(ids):
-            if room is not None and len(prompt) >= room:
-                raise ValueError(
-                    f"prompt {i} has {len(prompt)} tokens, which leaves no room in {target.name!r}'s context of {room}"
-                )
+            check_room(target, prompt, f"prompt {i}")
         seeds = [seed + i if seed is not None else int(torch.seed() % 2**63) for i in range(len(ids))]
         batch = Lockstep(target, draft if uses_draft else None, rows=rows, capacity=capacity)
         with background.paused():  # no background compile beside decoding
